@@ -1,0 +1,314 @@
+"""RetireScheduler: vLLM's Scheduler with SUPERSEDE applied atomically in the engine thread.
+
+Invariant: a SUPERSEDE rides on the successor's ADD (`SamplingParams.extra_args["retire"]["supersede"]`), so
+ADVANCE -> FENCE -> ALIGN -> PIN -> RECLAIM -> RESUME run in one `add_request` call, between two engine steps.
+No separate ABORT exists that could overtake it and free the shared blocks first. After ADVANCE the engine commits
+no output of the old epoch (gate (a) in `update_from_output`, on top of the old request being finished).
+
+This class stays thin: the rules live in `align`, `ledger` and `adapter`. It also answers out-of-band queries through
+`call_utility("scheduler", cmd, payload)` (EngineCore resolves the attribute `scheduler` and calls it).
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter, OrderedDict
+from typing import Any
+
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import RequestStatus
+
+from . import adapter
+from .align import alignment_unit, certify_length
+from .ledger import GenerationTable, PinLedger, refcount_audit
+
+now = time.monotonic
+
+
+class RetireScheduler(Scheduler):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        adapter.check(self)
+        pool = adapter.pool(self)
+        self.retire_gens = GenerationTable(pool.num_gpu_blocks)
+        self.retire_gens.wrap(pool)
+        self.retire_pins = PinLedger(pool)
+        self.retire_meta: dict[str, dict] = {}          # internal request id -> retire metadata
+        self.retire_current: dict[str, tuple[int, str]] = {}  # scope key -> (current epoch, internal request id)
+        self.retire_results: OrderedDict[str, dict] = OrderedDict()
+        self.retire_closed_at: OrderedDict[str, float] = OrderedDict()
+        self.retire_counters: Counter = Counter()
+        self.retire_hooks: dict[str, dict] = {}
+        self.retire_gate_enabled = True
+        cfg = self.vllm_config
+        self.retire_chunk = int(cfg.scheduler_config.max_num_batched_tokens)
+        self.retire_config_fp = {
+            "model": str(cfg.model_config.model), "dtype": str(cfg.model_config.dtype),
+            "block_size": int(self.block_size), "cache_dtype": str(cfg.cache_config.cache_dtype),
+        }
+
+    # EngineCore's utility dispatch evaluates `getattr(engine, "scheduler") and ...`: never be falsy.
+    def __bool__(self) -> bool:
+        return True
+
+    # ------------------------------------------------------------------ vLLM events
+    def add_request(self, request) -> None:
+        meta = _retire_meta(request)
+        if meta is None:
+            return super().add_request(request)
+        if meta.get("supersede"):
+            return self._supersede(request, meta)
+        scope = meta["scope"]
+        self.retire_meta[request.request_id] = meta
+        self.retire_current[scope] = (int(meta["epoch"]), request.request_id)
+        return super().add_request(request)
+
+    def finish_requests(self, request_ids, finished_status):
+        finished = super().finish_requests(request_ids, finished_status)
+        t = now()
+        for req in finished:
+            if req.request_id in self.retire_meta:
+                self._closed(req.request_id, t)
+        return finished
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        if self.retire_gate_enabled:
+            for eco in outputs.values():
+                if eco.outputs:
+                    kept = [o for o in eco.outputs if self._is_current(o.request_id)]
+                    if len(kept) != len(eco.outputs):
+                        self.retire_counters["engine_frames_suppressed"] += len(eco.outputs) - len(kept)
+                        eco.outputs = kept
+        if len(self.retire_meta) > len(self.requests):
+            self._prune()
+        return outputs
+
+    # ------------------------------------------------------------------ SUPERSEDE
+    def _supersede(self, request, meta: dict) -> None:
+        t0 = now()
+        timings: dict[str, float] = {}
+        scope, new_epoch, expected = meta["scope"], int(meta["epoch"]), int(meta["expected_epoch"])
+        contract = meta.get("contract") or {}
+        key = f"{scope}#{new_epoch}"
+        res: dict[str, Any] = {"scope": scope, "epoch": new_epoch, "refused": None, "inherited_tokens": 0,
+                               "certificate": None, "cold_reason": None, "receipts": [], "t_engine": t0}
+        cur = self.retire_current.get(scope)
+        if cur is not None and cur[0] != expected:
+            res["refused"] = f"stale epoch: engine has {cur[0]}, SUPERSEDE expected {expected}"
+            self.retire_counters["refused"] += 1
+            self._store(key, res)
+            return
+        # ADVANCE: from here no output of the old epoch is committed (gate (a)).
+        old_id = cur[1] if cur else None
+        self.retire_meta[request.request_id] = meta
+        self.retire_current[scope] = (new_epoch, request.request_id)
+        t1 = now(); timings["advance"] = t1 - t0
+
+        old = self.requests.get(old_id) if old_id else None
+        reason = None
+        if old is None or old.is_finished():
+            reason = "predecessor not live"
+        # FENCE: between steps no forward pass is in flight (CPU, PP=1), so removing the old request from the
+        # scheduler stops all launches; its receipt carries the writer frontier of every KV group.
+        frontier = adapter.writer_frontier(old) if old is not None else 0
+        mgrs = adapter.managers(self)
+        res["receipts"] = [{"participant": f"kv-group-{i}", "epoch": expected, "frontier": frontier,
+                            "path": "step-boundary", "detail": {}} for i in range(len(mgrs))]
+        t2 = now(); timings["fence"] = t2 - t1
+
+        # ALIGN
+        per_group: list[list] = [[] for _ in mgrs]
+        alignment = None
+        n = 0
+        if reason is None:
+            reason = self._eligibility(old, request, meta, contract)
+        if reason is None:
+            unit = alignment_unit(self.block_size, contract.get("mode", "tolerant"), self.retire_chunk)
+            alignment = certify_length(old_tokens=old.all_token_ids, new_prompt=request.prompt_token_ids,
+                                       frontier=frontier, align=unit)
+            n = alignment.certified
+            quota = contract.get("pin_quota_blocks")
+            if quota is not None:
+                free = max(0, int(quota) - self.retire_pins.pinned(meta.get("tenant", "default")))
+                per_block = sum(1 for _ in mgrs)
+                max_blocks = free // max(per_block, 1)
+                n = min(n, (max_blocks * self.block_size) // unit * unit)
+                if n == 0 and alignment.certified > 0:
+                    reason = f"pin quota: {quota} blocks, {free} free"
+            if n == 0 and reason is None:
+                reason = (f"no shared prefix to certify (lcp={alignment.lcp}, frontier={frontier}, "
+                          f"unit={unit})")
+            if reason is None:
+                old_tables = adapter.group_blocks(self, old_id)
+                per_group = [t[: n // m.block_size] for t, m in zip(old_tables, mgrs)]
+                if any(b.is_null for g in per_group for b in g):
+                    reason = "sliding window: certified range holds evicted (null) blocks"
+                    per_group = [[] for _ in mgrs]
+            if reason is not None:
+                per_group = [[] for _ in mgrs]
+        flat = [b for g in per_group for b in g]
+        ids = [[b.block_id for b in g] for g in per_group]
+        gens = [list(self.retire_gens.of(g)) for g in ids]
+        t3 = now(); timings["align"] = t3 - t2
+
+        # PIN (held from FENCE until adoption is verified)
+        if flat:
+            self.retire_pins.pin(key, meta.get("tenant", "default"), flat)
+        hook = self.retire_hooks.pop(scope, None)
+        if hook and hook.get("bump_generation") and flat:
+            self.retire_gens.bump([flat[int(hook.get("index", 0)) % len(flat)].block_id])
+        t4 = now(); timings["pin"] = t4 - t3
+
+        # RECLAIM the predecessor: old-only blocks return to the pool; pinned ones survive on the pin.
+        if old is not None and not old.is_finished():
+            self.finish_requests(old_id, RequestStatus.FINISHED_ABORTED)
+        t5 = now(); timings["reclaim"] = t5 - t4
+
+        # RESUME: re-validate generations, alias the blocks, then release the pin.
+        n_inherit = 0
+        if flat:
+            if [list(self.retire_gens.of(g)) for g in ids] != gens:
+                reason = "generation mismatch: a certified block was reallocated after ALIGN"
+            else:
+                adapter.install_blocks(self, request.request_id, per_group)
+                n_inherit = n
+                adopted = adapter.group_blocks(self, request.request_id)
+                assert all(a[: len(g)] == g for a, g in zip(adopted, per_group)), "adoption not verified"
+                request.num_computed_tokens = n_inherit
+            self.retire_pins.release(key)
+        if n_inherit == 0:
+            # Cold successor: no inherited state at all, not even by prefix-hash lookup; fresh blocks, fresh
+            # generations.
+            request.skip_reading_prefix_cache = True
+            self.retire_counters["cold"] += 1
+        else:
+            self.retire_counters["inherited"] += 1
+            self.retire_counters["inherited_tokens"] += n_inherit
+        super().add_request(request)
+        t6 = now(); timings["resume"] = t6 - t5
+        timings["engine_total"] = t6 - t0
+
+        res["cold_reason"] = None if n_inherit else reason
+        res["inherited_tokens"] = n_inherit
+        res["timings"] = timings
+        res["fence_closed_at"] = t5
+        if n_inherit:
+            res["certificate"] = {
+                "scope": scope, "tenant": meta.get("tenant", "default"), "from_epoch": expected,
+                "to_epoch": new_epoch, "tokens": n_inherit, "lcp": alignment.lcp, "frontier": frontier,
+                "block_ids": ids, "generations": gens, "fingerprint": self._fingerprint(request),
+                "mode": contract.get("mode", "tolerant"), "digests": None}
+        self.retire_counters["supersedes"] += 1
+        self._store(key, res)
+
+    def _eligibility(self, old, new, meta: dict, contract: dict) -> str | None:
+        if not contract.get("inherit", True):
+            return "contract forbids inheritance"
+        old_meta = self.retire_meta.get(old.request_id, {})
+        if old_meta.get("tenant", "default") != meta.get("tenant", "default"):
+            return f"tenant mismatch: {old_meta.get('tenant')!r} != {meta.get('tenant')!r}"
+        a, b = self._fingerprint_fields(old), self._fingerprint_fields(new)
+        for k in a:
+            if a[k] != b[k]:
+                return f"config mismatch: {k} ({a[k]!r} != {b[k]!r})"
+        return None
+
+    def _fingerprint_fields(self, req) -> dict:
+        lora = getattr(req, "lora_request", None)
+        return dict(self.retire_config_fp, lora=getattr(lora, "lora_name", None),
+                    cache_salt=getattr(req, "cache_salt", None))
+
+    def _fingerprint(self, req) -> str:
+        return "|".join(f"{k}={v}" for k, v in sorted(self._fingerprint_fields(req).items()))
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _is_current(self, req_id: str) -> bool:
+        meta = self.retire_meta.get(req_id)
+        if meta is None:
+            return True
+        cur = self.retire_current.get(meta["scope"])
+        return cur is None or cur[1] == req_id
+
+    def _closed(self, req_id: str, t: float) -> None:
+        self.retire_closed_at[req_id] = t
+        while len(self.retire_closed_at) > 4096:
+            self.retire_closed_at.popitem(last=False)
+
+    def _store(self, key: str, res: dict) -> None:
+        self.retire_results[key] = res
+        while len(self.retire_results) > 4096:
+            self.retire_results.popitem(last=False)
+
+    def _prune(self) -> None:
+        for rid in [r for r in self.retire_meta if r not in self.requests]:
+            self.retire_meta.pop(rid)
+
+    # ------------------------------------------------------------------ out-of-band commands
+    def __call__(self, cmd: str, payload: dict | None = None) -> Any:
+        payload = payload or {}
+        fn = getattr(self, f"_cmd_{cmd}", None)
+        if fn is None:
+            raise ValueError(f"unknown retire scheduler command {cmd!r}")
+        return fn(**payload)
+
+    def _cmd_ping(self) -> dict:
+        import os
+        return {"pid": os.getpid(), "block_size": self.block_size, "chunk": self.retire_chunk,
+                "num_blocks": adapter.pool(self).num_gpu_blocks, "groups": len(adapter.managers(self)),
+                "group_block_sizes": [m.block_size for m in adapter.managers(self)]}
+
+    def _cmd_result(self, key: str) -> dict | None:
+        return self.retire_results.pop(key, None)
+
+    def _cmd_closed_at(self, req_ids: list[str]) -> dict:
+        return {r: self.retire_closed_at.get(r) for r in req_ids}
+
+    def _cmd_block_table(self, req_id: str) -> list[list[int]]:
+        return [[b.block_id for b in g] for g in adapter.group_blocks(self, req_id)]
+
+    def _cmd_request_state(self, req_id: str) -> dict | None:
+        r = self.requests.get(req_id)
+        if r is None:
+            return None
+        return {"num_computed_tokens": r.num_computed_tokens, "frontier": adapter.writer_frontier(r),
+                "status": str(r.status), "num_tokens": r.num_tokens}
+
+    def _cmd_generations(self, block_ids: list[int]) -> list[int]:
+        return list(self.retire_gens.of(block_ids))
+
+    def _cmd_arm(self, scope: str, hook: dict) -> bool:
+        self.retire_hooks[scope] = dict(hook)
+        return True
+
+    def _cmd_disarm(self, scope: str) -> bool:
+        return self.retire_hooks.pop(scope, None) is not None
+
+    def _cmd_set_gate(self, enabled: bool) -> bool:
+        self.retire_gate_enabled = bool(enabled)
+        return True
+
+    def _cmd_stats(self) -> dict:
+        p = adapter.pool(self)
+        return dict(self.retire_counters, free_blocks=p.get_num_free_blocks(), num_blocks=p.num_gpu_blocks,
+                    live_requests=len(self.requests), pins=len(self.retire_pins.pins))
+
+    def _cmd_audit(self) -> dict:
+        p = adapter.pool(self)
+        self._prune()
+        violations = refcount_audit(blocks=p.blocks, tables=adapter.all_tables(self),
+                                    pins=self.retire_pins.counts(), null_block_id=p.null_block.block_id)
+        if self.retire_pins.pins:
+            violations.append(f"dangling pins: {sorted(self.retire_pins.pins)}")
+        obsolete = [r for r in self.requests if not self._is_current(r)]
+        if obsolete:
+            violations.append(f"live obsolete executions: {obsolete}")
+        if not self.requests and p.get_num_free_blocks() != p.num_gpu_blocks - 1:
+            violations.append(f"drained but only {p.get_num_free_blocks()} of {p.num_gpu_blocks - 1} blocks free")
+        return {"valid": not violations, "violations": violations, "live_requests": sorted(self.requests),
+                "free_blocks": p.get_num_free_blocks(), "num_blocks": p.num_gpu_blocks}
+
+
+def _retire_meta(request) -> dict | None:
+    sp = getattr(request, "sampling_params", None)
+    extra = getattr(sp, "extra_args", None) if sp is not None else None
+    return extra.get("retire") if extra else None

@@ -1,0 +1,58 @@
+"""Worker-side KV access, mixed into vLLM's worker through `worker_extension_cls` and reached by `collective_rpc`.
+
+Invariant: these methods read or write whole physical blocks as opaque bytes across every attention layer's KV
+tensor (the intra-block layout is ISA-specific), and never touch scheduler state. A digest is sha256 over the block's
+bytes in every layer, in layer order. Oracles and faults use them; the control plane never trusts them for decisions.
+"""
+from __future__ import annotations
+
+import hashlib
+
+
+class RetireWorkerExtension:
+    def _retire_kv(self):
+        runner = getattr(self, "model_runner", None)
+        kvs = getattr(runner, "kv_caches", None)
+        if not kvs:
+            raise RuntimeError("worker has no kv_caches (model runner not initialised?)")
+        return kvs
+
+    def retire_block_digests(self, block_ids: list[int]) -> list[str]:
+        kvs = self._retire_kv()
+        out = []
+        for b in block_ids:
+            h = hashlib.sha256()
+            for kv in kvs:
+                h.update(kv[b].contiguous().view(-1).view(__import__("torch").uint8).numpy().tobytes())
+            out.append(h.hexdigest())
+        return out
+
+    def retire_read_block(self, block_id: int) -> list[bytes]:
+        import torch
+        return [kv[block_id].contiguous().view(-1).view(torch.uint8).numpy().tobytes() for kv in self._retire_kv()]
+
+    def retire_write_block(self, block_id: int, layers: list[bytes]) -> bool:
+        import torch
+        kvs = self._retire_kv()
+        if len(layers) != len(kvs):
+            raise ValueError(f"expected {len(kvs)} layers, got {len(layers)}")
+        for kv, data in zip(kvs, layers):
+            dst = kv[block_id]
+            src = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dst.dtype).view(dst.shape)
+            dst.copy_(src)
+        return True
+
+    def retire_xor_block(self, block_id: int, layer: int = -1) -> bool:
+        """Flip every bit of one block (in one layer, or all layers when layer == -1): the page-corruption fault."""
+        import torch
+        kvs = self._retire_kv()
+        targets = kvs if layer == -1 else [kvs[layer]]
+        for kv in targets:
+            blk = kv[block_id]
+            flipped = (blk.contiguous().view(-1).view(torch.uint8) ^ 0xFF).view(blk.dtype).view(blk.shape)
+            blk.copy_(flipped)
+        return True
+
+    def retire_kv_info(self) -> dict:
+        kvs = self._retire_kv()
+        return {"layers": len(kvs), "shape": list(kvs[0].shape), "dtype": str(kvs[0].dtype)}

