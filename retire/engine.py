@@ -11,6 +11,7 @@ Invariants:
 """
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 import uuid
@@ -47,6 +48,10 @@ class RetireEngine:
         self.counters: Counter = Counter()
         self.closed = False
         self.test_switches: dict = {}  # test-only: {"gates": False} disables gates (b)+(c) for negative controls
+        # Fault seams (retire/faults): async callables. on_dequeue(eng, version, output) -> output runs between
+        # dequeue and the epoch check; after_yield(eng, frame) runs after the consumer got a frame.
+        self.hooks: dict[str, list] = {"on_dequeue": [], "after_yield": []}
+        self._epoch_events: dict[tuple[str, str], asyncio.Event] = {}
 
     # ------------------------------------------------------------------ construction helpers
     def with_policy(self, policy: str) -> "RetireEngine":
@@ -144,6 +149,9 @@ class RetireEngine:
         # ADVANCE (frontend linearization point)
         old = self.table.advance(s, expected_epoch, succ)
         t_adv = now()
+        ev = self._epoch_events.pop((tenant, scope), None)
+        if ev is not None:
+            ev.set()
         if self.policy == "retire":
             if self.test_switches.get("gates", True):
                 self.backend.drop_local(old.internal_id)  # gate (b)
@@ -191,21 +199,19 @@ class RetireEngine:
             raise InvalidRequest(f"scope {scope!r} has no epoch {epoch}")
         gated = self.policy == "retire" and self.test_switches.get("gates", True)
         while not v.finished:
-            if gated and v.revoked:
+            q = v.collector
+            if gated and v.revoked:  # gate (c) before blocking: count what was queued, publish nothing
+                self._suppress(q.get_nowait())
                 yield self._end_revoked(v)
                 return
-            q = v.collector
             out = q.get_nowait() or await q.get()
-            faults = self.test_switches.get("dequeue_hooks")
-            if faults:
-                for hook in faults:
-                    out = await hook(self, v, out)
+            for hook in self.hooks["on_dequeue"]:
+                out = await hook(self, v, out)
             co = out.outputs[0] if out.outputs else None
             toks = tuple(co.token_ids) if co is not None else ()
             aborted = co is not None and co.finish_reason == "abort"
             if gated and v.revoked:  # gate (c): the frame reached dequeue after ADVANCE
-                self.counters["obsolete_frames_suppressed"] += 1
-                self.counters["obsolete_tokens_suppressed"] += len(toks)
+                self._suppress(out)
                 yield self._end_revoked(v)
                 return
             if toks:
@@ -219,21 +225,38 @@ class RetireEngine:
                     tr.successor_ttft = now() - tr.t_call
                     if tr.inherited_tokens is None:
                         tr.inherited_tokens = int(out.num_cached_tokens or 0)
-            lps = None
+            lps = top = None
             if co is not None and co.logprobs:
                 lps = tuple(float(d[t].logprob) for t, d in zip(toks, co.logprobs))
+                top = tuple({int(k): float(x.logprob) for k, x in d.items()} for d in co.logprobs)
             finished = bool(out.finished)
             if finished:
                 v.finished = True
             if toks or finished:
-                yield Frame(scope, v.epoch, toks, finished and not aborted, revoked=v.revoked and aborted,
-                            logprobs=lps, num_cached_tokens=out.num_cached_tokens)
+                frame = Frame(scope, v.epoch, toks, finished and not aborted, revoked=v.revoked and aborted,
+                              logprobs=lps, num_cached_tokens=out.num_cached_tokens, top_logprobs=top)
+                yield frame
+                for hook in self.hooks["after_yield"]:
+                    await hook(self, frame)
             if aborted and toks:
                 yield self._end_revoked(v)
+
+    def _suppress(self, out) -> None:
+        if out is None:
+            return
+        n = sum(len(o.token_ids) for o in out.outputs)
+        self.counters["obsolete_frames_suppressed"] += 1
+        self.counters["obsolete_tokens_suppressed"] += n
 
     def _end_revoked(self, v: Version) -> Frame:
         v.finished = True
         return Frame(v.scope, v.epoch, (), finished=True, revoked=True)
+
+    async def wait_epoch(self, scope: str, epoch: int, tenant: str = "default") -> None:
+        """Barrier: return once `epoch` (or a later one) is current for the scope (set at ADVANCE)."""
+        while self.table.get(tenant, scope).epoch < epoch:
+            ev = self._epoch_events.setdefault((tenant, scope), asyncio.Event())
+            await ev.wait()
 
     def transitions(self, scope: str, tenant: str = "default") -> list[Transition]:
         return list(self.table.get(tenant, scope).transitions)

@@ -53,6 +53,7 @@ class Frame:
     revoked: bool = False
     logprobs: tuple[float, ...] | None = None  # logprob of each sampled token, when requested
     num_cached_tokens: int | None = None
+    top_logprobs: tuple[dict[int, float], ...] | None = None  # per token: {token id: logprob} of the top-k
 
 
 @dataclass(frozen=True)

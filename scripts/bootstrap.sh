@@ -15,9 +15,17 @@ fi
 t0=$(date +%s)
 echo "[bootstrap] building $VENV (this takes ~3 min on 2 cores)"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-"$VENV/bin/pip" install -q --upgrade pip >/dev/null
-"$VENV/bin/pip" install -q "torch==2.13.0"
-"$VENV/bin/pip" install -q -e ".[cpu,test]"
+# pip, quietly; on failure show its log (minus the find-links noise of this machine's pip config) and stop.
+pipq() {
+  local log; log=$(mktemp)
+  if ! "$VENV/bin/pip" -q "$@" >"$log" 2>&1; then
+    grep -v "is ignored" "$log" >&2; rm -f "$log"; return 1
+  fi
+  rm -f "$log"
+}
+pipq install --upgrade pip
+pipq install "torch==2.13.0"
+pipq install -e ".[cpu,test]"
 "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 "$VENV/bin/python" - <<'PY'
 import torch, vllm, transformers

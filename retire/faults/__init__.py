@@ -1,0 +1,7 @@
+"""Fault injectors. Each declares `name` and `affects`, and has async inject/heal (and `async with f.on(target)`)."""
+from .base import Composite, Fault, FaultConflict, compose
+from .consumer import LateCompletion, SlowConsumer
+from .kv import ForgedTenant, GenerationRace, PageCorruption
+
+__all__ = ["Fault", "Composite", "FaultConflict", "compose", "SlowConsumer", "LateCompletion", "PageCorruption",
+           "GenerationRace", "ForgedTenant"]

@@ -1,0 +1,32 @@
+# Two commands a newcomer runs on a fresh machine: `make run` (the side-by-side revision demo) and `make test`.
+# Both build .venv from nothing first (scripts/bootstrap.sh is idempotent).
+PY := .venv/bin/python
+export VLLM_CPU_KVCACHE_SPACE ?= 1
+export VLLM_LOGGING_LEVEL ?= WARNING
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: venv models run test test-all bench soak clean
+
+venv:
+	@bash scripts/bootstrap.sh
+
+models: venv
+	@$(PY) -m conformance.fixtures.models
+
+run: models
+	$(PY) -m retire.demo
+
+test: models
+	$(PY) -m pytest -q -rs --durations=15
+
+test-all: models
+	$(PY) -m pytest -q -rs -m "not bench"
+
+bench: models
+	$(PY) -m pytest perf -m bench -q -rs --benchmark-json=results/bench.json
+
+soak: models
+	$(PY) -m pytest conformance/test_stateful.py -q --hypothesis-profile=soak -m "not bench"
+
+clean:
+	rm -rf .venv results/*.json

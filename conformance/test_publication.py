@@ -1,0 +1,129 @@
+"""Current-version publication: zero tokens of a revoked epoch reach a consumer under "retire".
+
+Oracle: the facade's epoch of record at the moment `supersede` is called (frames of epoch e yielded after it are
+obsolete by definition). The native policies are the positive control that the scenario does expose queued frames;
+the test-only gate switch is the negative control for the retire gates.
+"""
+import asyncio
+
+import pytest
+from vllm import SamplingParams
+
+from conformance.fixtures.prompts import revise, tokens
+from retire.faults import LateCompletion, SlowConsumer
+
+SP_OLD = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
+SP_NEW = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+TRIALS = 18
+
+
+async def engine_progress(eng, scope: str, n_out: int, epoch: int = 0) -> None:
+    """Barrier on the engine's own view: return once the scheduler has generated `n_out` output tokens for the
+    version (or the request has left the scheduler). Each poll is answered between two engine steps."""
+    v = eng.table.get("default", scope).versions[epoch]
+    while True:
+        st = await eng.backend.sched("request_state", {"req_id": v.internal_id})
+        if st is None or st["num_tokens"] - len(v.prompt) >= n_out:
+            return
+
+
+async def _trial(eng, scope: str, after: int, seed: int, *, lag: int = 4, stop_on_obsolete: bool = False) -> int:
+    """Slow consumer reads the old version; once it has `after` tokens and the engine has produced `lag` more
+    (queued for the consumer), SUPERSEDE. Returns obsolete tokens the consumer saw."""
+    prompt = tokens(96, seed)
+    await eng.submit(scope, prompt, SP_OLD)
+    reached = asyncio.Event()
+    seen = {"n": 0, "obsolete": 0, "revoked_seen": False}
+    v = eng.table.get("default", scope).versions[0]
+
+    async def consume():
+        async for f in eng.stream(scope, 0):
+            if v.revoked and f.token_ids:
+                seen["obsolete"] += len(f.token_ids)
+                if stop_on_obsolete:
+                    return
+            seen["n"] += len(f.token_ids)
+            if seen["n"] >= after:
+                reached.set()
+
+    task = asyncio.ensure_future(consume())
+    await reached.wait()
+    await engine_progress(eng, scope, seen["n"] + lag)
+    await eng.supersede(scope, 0, revise(prompt, 64, 90, seed), SP_NEW)
+    await task
+    async for _ in eng.stream(scope, 1):
+        pass
+    return seen["obsolete"]
+
+
+def _run_trials(h, eng, *, stop_on_obsolete=False):
+    async def go():
+        out = []
+        async with SlowConsumer(0.05).on(eng):
+            for i in range(TRIALS):
+                out.append(await _trial(eng, f"pub{i}", 1 + i % 9 * 2, 100 + i, lag=1 + i % 8,
+                                        stop_on_obsolete=stop_on_obsolete))
+        return out
+    return h.run(go())
+
+
+def test_native_abort_publishes_obsolete_tokens_with_a_slow_consumer(unit):
+    """The problem, measured (positive control): native abort delivers queued frames of the old version."""
+    per_trial = _run_trials(unit, unit.native_cold)
+    assert sum(per_trial) > 0, per_trial
+    assert unit.native_cold.stats()["obsolete_tokens_published"] == sum(per_trial)
+    print(f"\nnative-cold obsolete tokens over {TRIALS} trials: {sum(per_trial)} {per_trial}")
+
+
+def test_retire_publishes_zero_obsolete_tokens(unit):
+    per_trial = _run_trials(unit, unit.retire)
+    st = unit.retire.stats()
+    assert sum(per_trial) == 0 and st["obsolete_tokens_published"] == 0, (per_trial, st)
+    assert st["obsolete_frames_suppressed"] > 0  # the gate had something to suppress
+    print(f"\nretire: 0 obsolete tokens, {st['obsolete_tokens_suppressed']} suppressed over {TRIALS} trials")
+
+
+def test_negative_control_retire_with_gates_disabled_leaks(unit):
+    unit.retire.test_switches["gates"] = False
+    per_trial = _run_trials(unit, unit.retire, stop_on_obsolete=True)
+    assert sum(per_trial) > 0, "with the gates off the same scenario must expose obsolete tokens"
+
+
+async def _late_completion(eng, scope: str, *, gated: bool) -> tuple[int, LateCompletion]:
+    prompt = tokens(80, 7)
+    fault = LateCompletion(scope, 0)
+    async with fault.on(eng):
+        await eng.submit(scope, prompt, SP_OLD)
+        v = eng.table.get("default", scope).versions[0]
+        got = {"obsolete": 0}
+
+        async def consume():
+            async for f in eng.stream(scope, 0):
+                if v.revoked and f.token_ids:
+                    got["obsolete"] += len(f.token_ids)
+                    if not gated:
+                        return
+
+        task = asyncio.ensure_future(consume())
+        await fault.held.wait()            # a frame of epoch 0 is committed and held before dequeue
+        await eng.supersede(scope, 0, revise(prompt, 64, 80, 7), SP_NEW)   # ADVANCE releases it
+        await task
+    async for _ in eng.stream(scope, 1):
+        pass
+    return got["obsolete"], fault
+
+
+def test_late_completion_is_suppressed(unit):
+    obsolete, fault = unit.run(_late_completion(unit.retire, "late", gated=True))
+    assert fault.released == 1 and fault.held_tokens > 0
+    assert obsolete == 0 and unit.retire.stats()["obsolete_tokens_published"] == 0
+    assert unit.retire.stats()["obsolete_frames_suppressed"] >= 1
+
+
+@pytest.mark.parametrize("mode", ["gates-off", "native"])
+def test_negative_control_late_completion_leaks(unit, mode):
+    eng = unit.native_prefix if mode == "native" else unit.retire
+    if mode == "gates-off":
+        eng.test_switches["gates"] = False
+    obsolete, fault = unit.run(_late_completion(eng, "late", gated=False))
+    assert fault.released == 1 and obsolete >= fault.held_tokens > 0

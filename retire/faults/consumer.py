@@ -1,0 +1,69 @@
+"""Consumer-side faults, attached through the facade's stream hooks.
+
+- SlowConsumer(delay): the consumer takes `delay` seconds to process each frame (the sleep IS the fault).
+- LateCompletion(scope, epoch): holds the first non-empty frame of (scope, epoch) between commit and dequeue, and
+  releases it only after the scope has advanced past `epoch` (barrier: `eng.wait_epoch`, no sleep). A correct
+  publication gate must suppress the released frame.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from .base import Fault
+
+
+class SlowConsumer(Fault):
+    name = "slow-consumer"
+    affects = frozenset({"consume"})
+
+    def __init__(self, delay: float = 0.05):
+        super().__init__()
+        self.delay = delay
+        self.frames_delayed = 0
+
+    async def _hook(self, eng, frame) -> None:
+        self.frames_delayed += 1
+        await asyncio.sleep(self.delay)
+
+    async def inject(self, target) -> None:
+        target.hooks["after_yield"].append(self._hook)
+        await super().inject(target)
+
+    async def heal(self) -> None:
+        hooks = self.target.hooks["after_yield"]
+        if self._hook in hooks:
+            hooks.remove(self._hook)
+        await super().heal()
+
+
+class LateCompletion(Fault):
+    name = "late-completion"
+    affects = frozenset({"publish"})
+
+    def __init__(self, scope: str, epoch: int = 0, tenant: str = "default"):
+        super().__init__()
+        self.scope, self.epoch, self.tenant = scope, epoch, tenant
+        self.held = asyncio.Event()  # set once a frame is held (the test's barrier for issuing SUPERSEDE)
+        self.released = 0
+        self.held_tokens = 0
+
+    async def _hook(self, eng, version, out):
+        if (version.scope, version.epoch, version.tenant) != (self.scope, self.epoch, self.tenant) or self.released:
+            return out
+        if not out.outputs or not out.outputs[0].token_ids:
+            return out
+        self.held_tokens = len(out.outputs[0].token_ids)
+        self.held.set()
+        await eng.wait_epoch(self.scope, self.epoch + 1, self.tenant)
+        self.released += 1
+        return out
+
+    async def inject(self, target) -> None:
+        target.hooks["on_dequeue"].append(self._hook)
+        await super().inject(target)
+
+    async def heal(self) -> None:
+        hooks = self.target.hooks["on_dequeue"]
+        if self._hook in hooks:
+            hooks.remove(self._hook)
+        await super().heal()
