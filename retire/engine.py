@@ -12,6 +12,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
 import uuid
@@ -103,21 +104,27 @@ class RetireEngine:
         sp.extra_args = dict(sp.extra_args or {}, retire=meta)
         return sp
 
-    def _prompt(self, toks: list[int], epoch: int, key: str) -> dict:
+    def _prompt(self, toks: list[int], epoch: int, key: str, cache_salt: str | None = None) -> dict:
         p: dict = {"prompt_token_ids": toks}
+        if cache_salt is not None:
+            p["cache_salt"] = cache_salt
         if self.policy == "native-cold":
             p["cache_salt"] = f"cold:{key}#{epoch}:{uuid.uuid4().hex[:8]}"  # guarantees no prefix reuse
         return p
 
     # ------------------------------------------------------------------ API
-    async def submit(self, scope: str, prompt_token_ids: Sequence[int], sampling_params, tenant: str = "default") -> int:
+    async def submit(self, scope: str, prompt_token_ids: Sequence[int], sampling_params, tenant: str = "default",
+                     *, cache_salt: str | None = None) -> int:
+        """Start scope `scope` at epoch 0. `cache_salt` puts its KV in a private prefix-cache namespace (vLLM's
+        cache_salt); a successor with another salt cannot inherit (config mismatch)."""
         self._check_open()
         toks = self._validate_prompt(prompt_token_ids)
         if (tenant, scope) in self.table.scopes:
             self.table.create(tenant, scope, None)  # raises ScopeExists
         key = self.table.engine_key(tenant, scope)
         meta = {"scope": key, "epoch": 0, "tenant": tenant, "policy": self.policy}
-        prep = await self.backend.prepare(f"{key}#0", self._prompt(toks, 0, key), self._params(sampling_params, meta))
+        prep = await self.backend.prepare(f"{key}#0", self._prompt(toks, 0, key, cache_salt),
+                                          self._params(sampling_params, meta))
         v = Version(scope, tenant, 0, f"{key}#0", toks, prep.internal_id, prep.collector, t_submit=now())
         self.table.create(tenant, scope, v)
         await self.backend.send(prep)
@@ -125,7 +132,10 @@ class RetireEngine:
         return 0
 
     async def supersede(self, scope: str, expected_epoch: int, prompt_token_ids: Sequence[int], sampling_params,
-                        contract: Contract = Contract(), tenant: str = "default") -> Transition:
+                        contract: Contract = Contract(), tenant: str = "default", *,
+                        cache_salt: str | None = None) -> Transition:
+        """SUPERSEDE(scope, expected_epoch -> expected_epoch + 1, prompt, contract). Returns once the successor is
+        admitted (before its first token). Raises SupersedeRefused / InvalidRequest and then changed nothing."""
         t_call = now()
         self._check_open()
         try:
@@ -143,7 +153,7 @@ class RetireEngine:
             forged = self.test_switches.get("successor_tenant")
             if forged is not None:
                 meta["tenant"] = forged
-        prep = await self.backend.prepare(f"{key}#{epoch}", self._prompt(toks, epoch, key),
+        prep = await self.backend.prepare(f"{key}#{epoch}", self._prompt(toks, epoch, key, cache_salt),
                                           self._params(sampling_params, meta))
         succ = Version(scope, tenant, epoch, f"{key}#{epoch}", toks, prep.internal_id, prep.collector)
         # ADVANCE (frontend linearization point)
@@ -159,6 +169,10 @@ class RetireEngine:
             await self.backend.send(prep)
             res = await self.backend.sched("result", {"key": f"{key}#{epoch}"})
             tr = self._retire_transition(scope, epoch, res, t_call, t_adv)
+            if contract.digests and tr.certificate is not None:
+                ids = [b for g in tr.certificate.block_ids for b in g]
+                digests = (await self.backend.worker("retire_block_digests", ids))[0]
+                tr.certificate = dataclasses.replace(tr.certificate, digests=tuple(digests))
         else:
             await self.backend.abort(old.internal_id)
             succ.t_submit = now()

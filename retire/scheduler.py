@@ -39,6 +39,7 @@ class RetireScheduler(Scheduler):
         self.retire_counters: Counter = Counter()
         self.retire_hooks: dict[str, dict] = {}
         self.retire_gate_enabled = True
+        self.retire_held: dict[str, Any] = {}
         cfg = self.vllm_config
         self.retire_chunk = int(cfg.scheduler_config.max_num_batched_tokens)
         self.retire_config_fp = {
@@ -184,7 +185,13 @@ class RetireScheduler(Scheduler):
         else:
             self.retire_counters["inherited"] += 1
             self.retire_counters["inherited_tokens"] += n_inherit
-        super().add_request(request)
+        if hook and hook.get("hold"):
+            # Test barrier (step-by-step driving): the successor is admitted with its block table installed but
+            # not scheduled until `release`, so a test can act between ALIGN and the successor's first step.
+            self.requests[request.request_id] = request
+            self.retire_held[scope] = request
+        else:
+            super().add_request(request)
         t6 = now(); timings["resume"] = t6 - t5
         timings["engine_total"] = t6 - t0
 
@@ -283,6 +290,14 @@ class RetireScheduler(Scheduler):
     def _cmd_disarm(self, scope: str) -> bool:
         return self.retire_hooks.pop(scope, None) is not None
 
+    def _cmd_release(self, scope: str) -> bool:
+        req = self.retire_held.pop(scope, None)
+        if req is None:
+            return False
+        del self.requests[req.request_id]
+        super().add_request(req)
+        return True
+
     def _cmd_set_gate(self, enabled: bool) -> bool:
         self.retire_gate_enabled = bool(enabled)
         return True
@@ -299,6 +314,8 @@ class RetireScheduler(Scheduler):
                                     pins=self.retire_pins.counts(), null_block_id=p.null_block.block_id)
         if self.retire_pins.pins:
             violations.append(f"dangling pins: {sorted(self.retire_pins.pins)}")
+        if self.retire_held:
+            violations.append(f"successors still held at a test barrier: {sorted(self.retire_held)}")
         obsolete = [r for r in self.requests if not self._is_current(r)]
         if obsolete:
             violations.append(f"live obsolete executions: {obsolete}")
