@@ -31,6 +31,7 @@ class Version:
     tokens_out: int = 0
     obsolete_published: int = 0
     transition: Any = None  # the Transition that created this version (None for epoch 0)
+    consumers: int = 0      # streams currently reading this version
 
     @property
     def revoked(self) -> bool:

@@ -42,8 +42,11 @@ REPEATS = 3
 now = time.monotonic
 
 
+_T0 = now()
+
+
 def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    print(f"[{now() - _T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------------------------- trial driver
@@ -278,34 +281,43 @@ async def close_engines(base, facades, oracle) -> None:
     oracle.shutdown()
 
 
-async def run_section(name: str, key: str, make_case, trial_kwargs: dict, sp_old, sp_new) -> dict:
+async def run_section(sid: str, title: str, key: str, make_case, trial_kwargs: dict, sp_old, sp_new) -> dict:
     base, facades, oracle, shape = await open_engines(key)
     judge = Judge(oracle, base.backend.block_size)
     trials: list[Trial] = []
     try:
-        # one untimed trial per policy: first-shape costs (long chunk, first abort path) stay out of the figures
-        prompt, revised = make_case(999)
-        for p in POLICY_ORDER:
-            async with _slow(facades[p]):
-                await revision_trial(facades[p], f"warm-{name}", prompt, revised, sp_old, sp_new, **trial_kwargs)
+        # untimed: one full prefill unit and a decode step, so first-shape costs stay out of the figures
+        await warm_prefill(base, base.backend.chunk)
         for r in range(REPEATS):
             prompt, revised = make_case(r)
             order = POLICY_ORDER[r % 3:] + POLICY_ORDER[:r % 3]  # interleaved, rotating which policy goes first
             for p in order:
                 eng = facades[p]
                 async with _slow(eng):
-                    t = await revision_trial(eng, f"{name}-{r}", prompt, revised, sp_old, sp_new, **trial_kwargs)
+                    t = await revision_trial(eng, f"{sid}-{r}", prompt, revised, sp_old, sp_new, **trial_kwargs)
                 t.ok, t.verdict = await judge.check(p, revised, sp_new, t.new, t.reused)
                 trials.append(t)
-                log(f"[{name} {r + 1}/{REPEATS}] {p:13s} obsolete={t.obsolete:3d} ttft={_f(t.ttft)}s "
+                log(f"[{sid} {r + 1}/{REPEATS}] {p:13s} obsolete={t.obsolete:3d} ttft={_f(t.ttft)}s "
                     f"reused={t.reused:5d} fence={_f(t.fence)}s wall={t.wall:.2f}s frontier@call={t.frontier_at_call}"
                     f" -> {t.verdict}")
         for f in facades.values():
             await f.audit()
     finally:
         await close_engines(base, facades, oracle)
-    return {"scenario": name, "model": key, "shape": shape, "summary": summarize(trials),
+    return {"id": sid, "scenario": title, "model": key, "shape": shape, "summary": summarize(trials),
             "trials": [t.row() for t in trials]}
+
+
+async def warm_prefill(eng, chunk: int) -> None:
+    from vllm import SamplingParams
+
+    from conformance.fixtures.prompts import repo_prompt
+    from oracles.runs import collect
+
+    scope = f"__warm_prefill_{chunk}__"
+    await eng.submit(scope, repo_prompt(chunk + 64, 4242), SamplingParams(max_tokens=2, temperature=0,
+                                                                          ignore_eos=True))
+    await collect(eng, scope)
 
 
 def _slow(eng):
@@ -339,14 +351,12 @@ async def main() -> dict:
 
     sections = []
     sections.append(await run_section(
-        f"A: revision mid-prefill (long, {n_long}-token repo prompt, 90% shared, SUPERSEDE at frontier >= {chunk})",
+        "mid-prefill", f"A: revision mid-prefill (long, {n_long}-token repo prompt, 90% shared, SUPERSEDE at frontier >= {chunk})",
         "long", long_case, {"frontier": chunk}, sp_old, sp_new))
-    sections[-1]["id"] = "mid-prefill"
     sections.append(await run_section(
-        f"B: revision during decode (unit, {n_unit}-token repo prompt, 90% shared, SUPERSEDE after the consumer got "
+        "during-decode", f"B: revision during decode (unit, {n_unit}-token repo prompt, 90% shared, SUPERSEDE after the consumer got "
         f"3 tokens and the engine produced 4 more)",
         "unit", unit_case, {"after_tokens": 3, "lag": 4}, sp_old, sp_new))
-    sections[-1]["id"] = "during-decode"
     total = now() - t0
 
     print()
@@ -367,15 +377,13 @@ async def main() -> dict:
            "versions": {"vllm": vllm.__version__, "torch": torch.__version__, "python": platform.python_version()},
            "machine": {"nproc": os.cpu_count(), "platform": platform.platform(), "machine": platform.machine(),
                        "mem_total_gb": _mem_gb()}}
+    doc["failed"] = sum(1 for s in sections for t in s["trials"] if not t["ok"])
+    doc["retire_obsolete"] = sum(r["obsolete_tokens_published"] for s in sections for r in s["summary"]
+                                 if r["policy"] == "retire")
     out = Path(__file__).resolve().parent.parent / "results" / "demo.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(doc, indent=2, default=str))
     print(f"wrote {out}")
-    failed = [t for s in sections for t in s["trials"] if not t["ok"]]
-    retire_obsolete = sum(r["obsolete_tokens_published"] for s in sections for r in s["summary"]
-                          if r["policy"] == "retire")
-    doc["failed"] = len(failed)
-    doc["retire_obsolete"] = retire_obsolete
     return doc
 
 

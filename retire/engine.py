@@ -211,6 +211,17 @@ class RetireEngine:
         v = s.versions.get(s.epoch if epoch is None else epoch)
         if v is None:
             raise InvalidRequest(f"scope {scope!r} has no epoch {epoch}")
+        if v.consumers:
+            raise InvalidRequest(f"scope {scope!r} epoch {v.epoch} already has a consumer")
+        v.consumers += 1
+        try:
+            async for frame in self._stream(v):
+                yield frame
+        finally:
+            v.consumers -= 1
+
+    async def _stream(self, v: Version) -> AsyncIterator[Frame]:
+        scope = v.scope
         gated = self.policy == "retire" and self.test_switches.get("gates", True)
         while not v.finished:
             q = v.collector
@@ -308,8 +319,11 @@ class RetireEngine:
         return rep
 
     async def drain(self) -> None:
-        """Consume and drop every unfinished version's output (used between tests and at close)."""
+        """Consume and drop every unfinished, unconsumed version's output (used between tests and at close).
+        A version that still has a consumer is left to it."""
         for v in list(self.table.live_versions()):
+            if v.consumers:
+                continue
             if v.revoked:
                 self.backend.drop_local(v.internal_id) if v.internal_id in self.backend.llm.output_processor.request_states else None
                 v.finished = True

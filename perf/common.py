@@ -1,0 +1,93 @@
+"""Benchmark helpers: paired arms, admission by oracle, medians, per-pair ratios, bootstrap intervals.
+
+Invariants:
+- One round runs EVERY arm back to back on the same engine; the arm order rotates from round to round (for two arms:
+  alternates), so drift and warm-up effects land on every arm equally.
+- A trial is admitted only if its successor passed its oracle check inside the trial; a round (pair) contributes to
+  ratios only if all of its arms were admitted. Rejections are counted and reported.
+- Ratios are computed per pair from unrounded values; only the reported summaries are rounded.
+- No timing is asserted anywhere: the figures go to `benchmark.extra_info`.
+"""
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections import Counter
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+
+def rotate(arms: Sequence[str], i: int) -> list[str]:
+    """Arm order of round i: arms rotated by i (two arms: alternating)."""
+    k = i % len(arms)
+    return list(arms[k:]) + list(arms[:k])
+
+
+def summary(xs: Iterable[float | None], nd: int = 4) -> dict:
+    v = [float(x) for x in xs if x is not None]
+    if not v:
+        return {"n": 0, "median": None, "min": None, "max": None}
+    return {"n": len(v), "median": round(statistics.median(v), nd), "min": round(min(v), nd),
+            "max": round(max(v), nd)}
+
+
+def bootstrap_ci(xs: Sequence[float], stat: Callable = np.median, n: int = 2000, seed: int = 0,
+                 level: float = 0.95) -> tuple[float, float] | None:
+    """Percentile bootstrap interval of `stat` over the sample (numpy, fixed seed)."""
+    a = np.asarray([x for x in xs if x is not None], dtype=float)
+    if a.size < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, a.size, size=(n, a.size))
+    boots = np.apply_along_axis(stat, 1, a[idx])
+    lo, hi = np.quantile(boots, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)
+
+
+class Paired:
+    """Collects rounds of paired arms. `setup()` is the pedantic setup (hands the round index to the target)."""
+
+    def __init__(self, arms: Sequence[str]):
+        self.arms = list(arms)
+        self.rounds: list[dict[str, Any]] = []   # admitted rounds: arm -> trial
+        self.all: list[dict[str, Any]] = []      # every round, admitted or not
+        self.rejected: Counter = Counter()        # arm -> rejected trials
+        self.rejections: list[str] = []
+        self._i = itertools.count()
+
+    def setup(self):
+        return (next(self._i),), {}
+
+    def order(self, i: int) -> list[str]:
+        return rotate(self.arms, i)
+
+    def add(self, i: int, trials: dict[str, Any]) -> bool:
+        """Record round i. Each trial must carry `ok` (oracle verdict) and `verdict` (detail)."""
+        self.all.append(trials)
+        ok = True
+        for arm, t in trials.items():
+            if not getattr(t, "ok", False):
+                self.rejected[arm] += 1
+                self.rejections.append(f"round {i} {arm}: {getattr(t, 'verdict', '?')}")
+                ok = False
+        if ok:
+            self.rounds.append(trials)
+        return ok
+
+    def values(self, arm: str, metric: Callable[[Any], float | None], admitted_only: bool = True) -> list:
+        src = self.rounds if admitted_only else self.all
+        return [metric(r[arm]) for r in src if arm in r]
+
+    def ratios(self, num: str, den: str, metric: Callable[[Any], float | None]) -> list[float]:
+        out = []
+        for r in self.rounds:
+            a, b = metric(r[num]), metric(r[den])
+            if a is not None and b:
+                out.append(a / b)
+        return out
+
+    def admission(self) -> dict:
+        return {"rounds_run": len(self.all), "rounds_admitted": len(self.rounds),
+                "trials_rejected": dict(self.rejected), "rejections": self.rejections[:10],
+                "arm_order": "rotated per round (two arms: alternating)"}
