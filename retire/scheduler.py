@@ -298,6 +298,17 @@ class RetireScheduler(Scheduler):
         super().add_request(req)
         return True
 
+    def _cmd_leak_block_for_test(self, block_id: int, undo: bool = False) -> int:
+        """Negative controls only: take (or give back) one reference on a block without recording it anywhere,
+        the leak the refcount audit must catch."""
+        p = adapter.pool(self)
+        blk = p.blocks[block_id]
+        if undo:
+            p.free_blocks([blk])
+        else:
+            p.touch([blk])
+        return blk.ref_cnt
+
     def _cmd_set_gate(self, enabled: bool) -> bool:
         self.retire_gate_enabled = bool(enabled)
         return True
