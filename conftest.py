@@ -120,5 +120,10 @@ def unit(pool):
 
 
 @pytest.fixture
+def unit_noapc(pool):
+    yield from _harness(pool, "unit-noapc")
+
+
+@pytest.fixture
 def long(pool):
     yield from _harness(pool, "long")

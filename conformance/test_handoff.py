@@ -9,7 +9,7 @@ import pytest
 from vllm import SamplingParams
 
 from conformance.fixtures.prompts import revise, tokens
-from conformance.scenarios import revise_after
+from conformance.scenarios import revise_after, wait_engine
 from oracles import assert_logprobs_close, assert_same_tokens
 from retire import Contract
 from retire.faults import ForgedTenant, GenerationRace
@@ -65,6 +65,7 @@ def _cold_case(unit, *, fault=None, contract=Contract(), salt=None, scope="c"):
         from oracles import collect
         import asyncio
         old = asyncio.ensure_future(collect(eng, scope, 0))
+        await wait_engine(eng, scope, out_tokens=1)  # the predecessor's prefill is written: frontier >= 600
         if fault is not None:
             async with fault.on(eng):
                 tr = await eng.supersede(scope, 0, revised, SP_NEW, contract=contract, cache_salt=salt)

@@ -9,6 +9,7 @@ import pytest
 from vllm import SamplingParams
 
 from conformance.fixtures.prompts import revise, tokens
+from conformance.scenarios import wait_engine
 from oracles import collect, compare_tokens
 from retire import Contract
 from retire.barriers import HoldSuccessor
@@ -24,6 +25,7 @@ async def _adopt_with(h, scope: str, seed: int, *, heal_before_release: bool):
     revised = revise(prompt, 530, 600, seed)
     await eng.submit(scope, prompt, SP_OLD)
     old = asyncio.ensure_future(collect(eng, scope, 0))
+    await wait_engine(eng, scope, out_tokens=1)  # the predecessor's prompt KV is written
     async with HoldSuccessor(eng, scope) as hold:
         tr = await eng.supersede(scope, 0, revised, SP_NEW, contract=Contract(digests=True))
         cert = tr.certificate

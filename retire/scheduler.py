@@ -160,23 +160,17 @@ class RetireScheduler(Scheduler):
             self.retire_gens.bump([flat[int(hook.get("index", 0)) % len(flat)].block_id])
         t4 = now(); timings["pin"] = t4 - t3
 
-        # RECLAIM the predecessor: old-only blocks return to the pool; pinned ones survive on the pin.
-        if old is not None and not old.is_finished():
-            self.finish_requests(old_id, RequestStatus.FINISHED_ABORTED)
-        t5 = now(); timings["reclaim"] = t5 - t4
-
-        # RESUME: re-validate generations, alias the blocks, then release the pin.
+        # RESUME: re-validate generations, alias the certified blocks (the successor takes its own reference),
+        # admit the successor, then release the handoff pin.
         n_inherit = 0
         if flat:
             if [list(self.retire_gens.of(g)) for g in ids] != gens:
                 reason = "generation mismatch: a certified block was reallocated after ALIGN"
             else:
                 adapter.install_blocks(self, request.request_id, per_group)
-                n_inherit = n
                 adopted = adapter.group_blocks(self, request.request_id)
                 assert all(a[: len(g)] == g for a, g in zip(adopted, per_group)), "adoption not verified"
-                request.num_computed_tokens = n_inherit
-            self.retire_pins.release(key)
+                request.num_computed_tokens = n_inherit = n
         if n_inherit == 0:
             # Cold successor: no inherited state at all, not even by prefix-hash lookup; fresh blocks, fresh
             # generations.
@@ -192,13 +186,21 @@ class RetireScheduler(Scheduler):
             self.retire_held[scope] = request
         else:
             super().add_request(request)
-        t6 = now(); timings["resume"] = t6 - t5
+        if flat:
+            self.retire_pins.release(key)
+        t5 = now(); timings["resume"] = t5 - t4
+
+        # RECLAIM the predecessor, after the successor is admitted: old-only blocks return to the pool (certified
+        # ones live on in the successor's table). Between steps no writer of the old epoch is running.
+        if old is not None and not old.is_finished():
+            self.finish_requests(old_id, RequestStatus.FINISHED_ABORTED)
+        t6 = now(); timings["reclaim"] = t6 - t5
         timings["engine_total"] = t6 - t0
 
         res["cold_reason"] = None if n_inherit else reason
         res["inherited_tokens"] = n_inherit
         res["timings"] = timings
-        res["fence_closed_at"] = t5
+        res["fence_closed_at"] = t2
         if n_inherit:
             res["certificate"] = {
                 "scope": scope, "tenant": meta.get("tenant", "default"), "from_epoch": expected,
