@@ -15,6 +15,9 @@ engine with the same execution shape: exact against its mode-matched reference (
 `clean_prefix_run(revised[:reused], revised)` otherwise), else the logprob-closeness rule against `clean_run`.
 Native-cold must be exact.
 
+Section A repeats one prompt pair 3 times (its two 8K oracle runs are then computed once); section B uses a fresh
+pair per repeat. Every trial starts from an empty prefix cache, so no arm reuses another arm's blocks.
+
 The printed table and results/demo.json report medians over the repeats. "wall" is SUPERSEDE call -> successor's last
 token dequeued (the slow consumer's 50 ms/frame applies to the successor's frames too, equally for every policy).
 
@@ -339,9 +342,11 @@ async def main() -> dict:
     chunk = SHAPES["long"]["max_num_batched_tokens"]
     n_long = 8192
 
-    def long_case(seed):
-        p = repo_prompt(n_long, seed)
-        return p, revise(p, int(0.9 * n_long), n_long, seed)
+    def long_case(repeat):
+        # one prompt pair for the 3 repeats (each trial starts from an empty prefix cache): its two 8K oracle runs
+        # are computed once, which keeps the demo inside its time budget on a 2-core machine
+        p = repo_prompt(n_long, 0)
+        return p, revise(p, int(0.9 * n_long), n_long, 0)
 
     n_unit = 1024
 
