@@ -36,7 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+# vLLM's WARNING level still prints ~20 lines per engine (eager mode, Triton, tcmalloc...): the demo shows errors only
+# unless RETIRE_DEMO_VERBOSE=1. Child processes inherit the environment.
+if os.environ.get("RETIRE_DEMO_VERBOSE") != "1":
+    os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
