@@ -127,3 +127,12 @@ def unit_noapc(pool):
 @pytest.fixture
 def long(pool):
     yield from _harness(pool, "long")
+
+
+@pytest.fixture
+def long8k(pool):
+    h = None
+    for h in _harness(pool, "long-8k"):
+        yield h
+        h.run(h.base.backend.sched("set_step_tokens", {"tokens": None}))
+        h.run(h.base.backend.sched("set_closure", {"enabled": True}))

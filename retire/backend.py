@@ -50,6 +50,11 @@ class Backend:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from .mailbox import ENV, Mailbox, create_path
+
+        self.safe_point_min_tokens = int(engine_kwargs.pop("safe_point_min_tokens", 1024))
+        self.mailbox = Mailbox(create_path())
+        os.environ[ENV] = self.mailbox.path  # inherited by EngineCore and its workers, spawned below
         kwargs = dict(DEFAULTS)
         kwargs.update(engine_kwargs)
         kwargs["scheduler_cls"] = SCHEDULER_CLS
@@ -65,6 +70,14 @@ class Backend:
         self.block_size = int(self.llm.vllm_config.cache_config.block_size)
         self.refs = 0
         self.closed = False
+        self.safe_points: dict | None = None  # filled by ensure_safe_points()
+
+    async def ensure_safe_points(self) -> dict:
+        if self.safe_points is None:
+            infos = await self.worker("retire_install_safe_points", self.safe_point_min_tokens, self.block_size)
+            active = all(i.get("active") for i in infos)
+            self.safe_points = {"active": active, "workers": infos}
+        return self.safe_points
 
     async def prepare(self, external_id: str, prompt: dict, params) -> Prepared:
         from vllm.v1.engine.output_processor import RequestOutputCollector
@@ -99,3 +112,4 @@ class Backend:
         if not self.closed:
             self.closed = True
             self.llm.shutdown()
+            self.mailbox.unlink()

@@ -24,3 +24,38 @@ class HoldSuccessor:
         if not self.released:
             await self.eng.backend.sched("disarm", {"scope": self.key})
             await self.release()
+
+
+class LandInStep:
+    """Land a SUPERSEDE at an exact safe point: hold the worker at decoder layer `layer` of the next armed (long)
+    step, let the test issue the SUPERSEDE (its mailbox entry is posted before its ADD is sent), then release.
+
+        async with LandInStep(eng, layer=4) as land:
+            await land.paused()                       # the worker is inside the step, at layer 4
+            task = asyncio.ensure_future(eng.supersede(...))
+            await land.posted(old_internal_id)        # the revocation is visible to the worker
+        tr = await task                               # leaving the block released the worker
+    """
+
+    def __init__(self, eng, layer: int):
+        self.mb = eng.backend.mailbox
+        self.layer = layer
+
+    async def __aenter__(self) -> "LandInStep":
+        self.mb.arm_pause(self.layer)
+        return self
+
+    async def paused(self, timeout: float = 300.0) -> None:
+        await self.mb.wait_paused(timeout)
+
+    async def posted(self, req_id: str, timeout: float = 60.0) -> None:
+        import asyncio
+        import time
+        t0 = time.monotonic()
+        while req_id not in self.mb.revoked():
+            if time.monotonic() - t0 > timeout:
+                raise TimeoutError(f"revocation of {req_id} never posted")
+            await asyncio.sleep(0.001)
+
+    async def __aexit__(self, *exc) -> None:
+        self.mb.release()

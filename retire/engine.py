@@ -20,6 +20,7 @@ from collections import Counter
 from typing import AsyncIterator, Sequence
 
 from .authority import Scope, ScopeTable, Version
+from .align import common_prefix_len
 from .backend import Backend
 from .errors import (AuditFailed, EngineClosed, InvalidRequest, RetireError, SupersedeRefused,
                      UnsupportedContract)
@@ -119,6 +120,8 @@ class RetireEngine:
         cache_salt); a successor with another salt cannot inherit (config mismatch)."""
         self._check_open()
         toks = self._validate_prompt(prompt_token_ids)
+        if self.policy == "retire" and self.backend.safe_points is None:
+            await self.backend.ensure_safe_points()
         if (tenant, scope) in self.table.scopes:
             self.table.create(tenant, scope, None)  # raises ScopeExists
         key = self.table.engine_key(tenant, scope)
@@ -163,6 +166,11 @@ class RetireEngine:
         if ev is not None:
             ev.set()
         if self.policy == "retire":
+            if self.backend.safe_points and self.backend.safe_points["active"] and not old.finished \
+                    and self.test_switches.get("safe_points", True):
+                # mailbox first: a step of the old version running right now sees the revocation at its next
+                # safe point, before the engine loop (blocked on that step) can read the SUPERSEDE.
+                self.backend.mailbox.post(old.internal_id, common_prefix_len(old.prompt, toks), len(toks))
             if self.test_switches.get("gates", True):
                 self.backend.drop_local(old.internal_id)  # gate (b)
             succ.t_submit = now()

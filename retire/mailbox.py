@@ -23,7 +23,8 @@ SLOTS = 64
 ID_BYTES = 96
 SLOT = 8 + 8 + ID_BYTES          # seq (u64), lcp (i64), id
 HDR = 64                         # control: pause_layer (i64), paused (i64), release (i64), cuts (i64), checks (i64)
-SIZE = HDR + SLOTS * SLOT
+LOG = 1024                       # last safe-point decision, JSON, length-prefixed
+SIZE = HDR + SLOTS * SLOT + LOG
 ENV = "RETIRE_MAILBOX"
 
 
@@ -57,14 +58,15 @@ class Mailbox:
     def _slot(self, k: int) -> int:
         return HDR + k * SLOT
 
-    def post(self, req_id: str, lcp: int) -> None:
+    def post(self, req_id: str, lcp: int, new_len: int) -> None:
+        """Revoke `req_id`: its tokens agree with the successor's prompt up to `lcp`; the successor has `new_len`."""
         raw = req_id.encode()[:ID_BYTES]
         for k in range(SLOTS):
             off = self._slot(k)
             if self.mm[off + 16] == 0:
                 seq = struct.unpack_from("<Q", self.mm, off)[0]
                 struct.pack_into("<Q", self.mm, off, seq + 1)          # odd: writing
-                struct.pack_into("<q", self.mm, off + 8, int(lcp))
+                struct.pack_into("<q", self.mm, off + 8, (int(lcp) << 32) | int(new_len))
                 self.mm[off + 16: off + 16 + ID_BYTES] = raw.ljust(ID_BYTES, b"\0")
                 struct.pack_into("<Q", self.mm, off, seq + 2)          # even: stable
                 return
@@ -82,8 +84,8 @@ class Mailbox:
                 return True
         return False
 
-    def revoked(self) -> dict[str, int]:
-        """Live entries: internal request id -> LCP of the old tokens with the revised prompt."""
+    def revoked(self) -> dict[str, tuple[int, int]]:
+        """Live entries: internal request id -> (LCP with the revised prompt, revised prompt length)."""
         out = {}
         mm = self.mm
         for k in range(SLOTS):
@@ -96,7 +98,7 @@ class Mailbox:
                 raw = bytes(mm[off + 16: off + 16 + ID_BYTES])
                 if s1 % 2 == 0 and struct.unpack_from("<Q", mm, off)[0] == s1:
                     if raw[0]:
-                        out[raw.rstrip(b"\0").decode()] = lcp
+                        out[raw.rstrip(b"\0").decode()] = (lcp >> 32, lcp & 0xFFFFFFFF)
                     break
         return out
 
@@ -143,6 +145,26 @@ class Mailbox:
     def bump(self, what: str, n: int = 1) -> None:
         i = {"cuts": 3, "checks": 4}[what]
         self._set(i, self._get(i) + n)
+
+    def write_log(self, text: str) -> None:
+        raw = text.encode()[: LOG - 8]
+        off = HDR + SLOTS * SLOT
+        self.mm[off + 8: off + 8 + len(raw)] = raw
+        struct.pack_into("<q", self.mm, off, len(raw))
+
+    def read_log(self) -> dict | None:
+        import json
+        off = HDR + SLOTS * SLOT
+        n = struct.unpack_from("<q", self.mm, off)[0]
+        if n <= 0:
+            return None
+        try:
+            return json.loads(bytes(self.mm[off + 8: off + 8 + n]).decode())
+        except ValueError:
+            return None
+
+    def clear_log(self) -> None:
+        struct.pack_into("<q", self.mm, HDR + SLOTS * SLOT, 0)
 
     def close(self) -> None:
         try:

@@ -40,6 +40,10 @@ class RetireScheduler(Scheduler):
         self.retire_hooks: dict[str, dict] = {}
         self.retire_gate_enabled = True
         self.retire_held: dict[str, Any] = {}
+        self.retire_cut_log: OrderedDict[str, dict] = OrderedDict()
+        from .mailbox import Mailbox
+        self.retire_mailbox = Mailbox.from_env()
+        self.retire_closure_enabled = True  # test-only switch: False skips writer closure after a cut (negative ctl)
         cfg = self.vllm_config
         self.retire_chunk = int(cfg.scheduler_config.max_num_batched_tokens)
         self.retire_config_fp = {
@@ -72,7 +76,10 @@ class RetireScheduler(Scheduler):
         return finished
 
     def update_from_output(self, scheduler_output, model_runner_output):
+        cut = getattr(model_runner_output, "retire_cut", None)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
+        if cut:
+            self._close_writers(cut)
         if self.retire_gate_enabled:
             for eco in outputs.values():
                 if eco.outputs:
@@ -83,6 +90,31 @@ class RetireScheduler(Scheduler):
         if len(self.retire_meta) > len(self.requests):
             self._prune()
         return outputs
+
+    def _close_writers(self, cut: dict) -> None:
+        """Writer closure after a step cut short at a safe point: every cut request returns to the start of its
+        chunk, and the chunk's blocks (hashed into the prefix cache at schedule time, only partly written) lose
+        their hashes, so nothing can reach them through the prefix cache or ALIGN."""
+        t = now()
+        pool = adapter.pool(self)
+        self.retire_counters["cut_steps"] += 1
+        for rid, (start, n) in cut["chunks"].items():
+            req = self.requests.get(rid)
+            if req is None or not n:
+                continue
+            if self.retire_closure_enabled:
+                req.num_computed_tokens = start
+                evict = set()
+                for m in adapter.managers(self):
+                    table = m.req_to_blocks.get(rid, [])
+                    lo, hi = start // m.block_size, -(-(start + n) // m.block_size)
+                    evict.update(b.block_id for b in table[lo:hi] if not b.is_null)
+                    if rid in m.num_cached_block:
+                        m.num_cached_block[rid] = min(m.num_cached_block[rid], lo)
+                pool.evict_blocks(evict)
+            self.retire_cut_log[rid] = dict(cut.get("decision") or {}, closed_at=t, rolled_back_to=start)
+            while len(self.retire_cut_log) > 1024:
+                self.retire_cut_log.popitem(last=False)
 
     # ------------------------------------------------------------------ SUPERSEDE
     def _supersede(self, request, meta: dict) -> None:
@@ -113,8 +145,19 @@ class RetireScheduler(Scheduler):
         # scheduler stops all launches; its receipt carries the writer frontier of every KV group.
         frontier = adapter.writer_frontier(old) if old is not None else 0
         mgrs = adapter.managers(self)
+        path, detail = "step-boundary", {}
+        if old_id in self.retire_cut_log:
+            detail = self.retire_cut_log.pop(old_id)
+            path = "safe-point"
+        elif self.retire_mailbox is not None:
+            log = self.retire_mailbox.read_log()
+            if log and old_id in log.get("req_ids", ()):
+                detail, path = log, log.get("path", "step-boundary")
+        if self.retire_mailbox is not None and old_id:
+            self.retire_mailbox.clear(old_id)
+            self.retire_mailbox.clear_log()
         res["receipts"] = [{"participant": f"kv-group-{i}", "epoch": expected, "frontier": frontier,
-                            "path": "step-boundary", "detail": {}} for i in range(len(mgrs))]
+                            "path": path, "detail": detail} for i in range(len(mgrs))]
         t2 = now(); timings["fence"] = t2 - t1
 
         # ALIGN
@@ -310,6 +353,17 @@ class RetireScheduler(Scheduler):
         else:
             p.touch([blk])
         return blk.ref_cnt
+
+    def _cmd_set_step_tokens(self, tokens: int | None) -> int:
+        """Bound the step size (the prefill unit) at run time: max_num_scheduled_tokens is read every step; it may
+        only be lowered below max_num_batched_tokens (which sizes buffers and must not change)."""
+        cap = int(self.vllm_config.scheduler_config.max_num_batched_tokens)
+        self.max_num_scheduled_tokens = cap if tokens is None else max(1, min(int(tokens), cap))
+        return self.max_num_scheduled_tokens
+
+    def _cmd_set_closure(self, enabled: bool) -> bool:
+        self.retire_closure_enabled = bool(enabled)
+        return True
 
     def _cmd_set_gate(self, enabled: bool) -> bool:
         self.retire_gate_enabled = bool(enabled)

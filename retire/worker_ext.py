@@ -56,3 +56,20 @@ class RetireWorkerExtension:
     def retire_kv_info(self) -> dict:
         kvs = self._retire_kv()
         return {"layers": len(kvs), "shape": list(kvs[0].shape), "dtype": str(kvs[0].dtype)}
+
+    def retire_install_safe_points(self, min_tokens: int, block: int) -> dict:
+        """Install per-layer safe points on this worker (idempotent). Returns whether they are active."""
+        sp = getattr(self, "_retire_safe_points", None)
+        if sp is None:
+            from .mailbox import Mailbox
+            from .safepoints import SafePoints
+            mb = Mailbox.from_env()
+            if mb is None:
+                return {"active": False, "reason": "no revocation mailbox in this worker's environment"}
+            sp = SafePoints(self, mb, min_tokens, block)
+            self._retire_safe_points = sp
+            sp.install()
+        sp.min_tokens = int(min_tokens)
+        return {"active": sp.installed, "layers": len(sp.layers), "min_tokens": sp.min_tokens,
+                "reason": None if sp.installed else "compiled mode: step-boundary FENCE"}
+

@@ -2,6 +2,7 @@
 from .base import Composite, Fault, FaultConflict, compose
 from .consumer import LateCompletion, SlowConsumer
 from .kv import ForgedTenant, GenerationRace, PageCorruption
+from .revocation import StuckRevocation
 
 __all__ = ["Fault", "Composite", "FaultConflict", "compose", "SlowConsumer", "LateCompletion", "PageCorruption",
-           "GenerationRace", "ForgedTenant"]
+           "GenerationRace", "ForgedTenant", "StuckRevocation"]

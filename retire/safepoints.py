@@ -1,0 +1,158 @@
+"""Safe points inside model execution (worker side): bounded retirement of a long step.
+
+Invariants:
+- Checks are armed only for steps of at least `min_tokens` scheduled tokens, in eager mode (per-layer hooks fire
+  unreliably in compiled graphs: there we log once and fall back to the step boundary). Unarmed steps pay one
+  integer comparison.
+- At every decoder layer of an armed step the worker reads the revocation mailbox. It cuts the step only when EVERY
+  request in it is revoked (a mixed step is never cut: other scopes' results must not change) and the cost model says
+  the successor gets its first token earlier by cutting than by finishing the step.
+- A cut never lets the exception escape the worker: `execute_model` returns a ModelRunnerOutput that lists every
+  scheduled request with no sampled token, plus `retire_cut` = {req_id: (chunk_start, chunk_len)} and the decision;
+  the scheduler closes the writers (rollback, evict the chunk's half-written blocks) when it commits that output.
+- The decision (cut or finish) and its predicted times are written to the mailbox's decision log either way, so the
+  FENCE receipt can record them.
+
+Cost model (all times predicted from this step's own measured layer times):
+  per-layer time t = elapsed / layers_done; step time S = t * L; per-token prefill cost c = S / n.
+  finish: remaining = t * (L - k); the successor then computes len(new) - certified_after_finish tokens.
+  cut:    ~0 wait;                   the successor computes len(new) - certified_after_cut tokens.
+  certified_* = min(lcp, frontier) rounded down to the block, frontier = chunk end (finish) or chunk start (cut).
+  Cut iff c * (extra tokens the successor must recompute after a cut) < remaining.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+log = logging.getLogger("retire.safepoints")
+
+
+class _Cut(Exception):
+    pass
+
+
+def _layers(model):
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None) if inner is not None else None
+    if layers is None:
+        layers = getattr(model, "layers", None)
+    if layers is None:
+        raise RuntimeError(f"cannot find decoder layers on {type(model).__name__}")
+    return list(layers)
+
+
+def chunks_of(so) -> dict[str, tuple[int, int]]:
+    """req_id -> (tokens computed before this step, tokens scheduled in this step)."""
+    n = so.num_scheduled_tokens
+    out = {}
+    for r in so.scheduled_new_reqs:
+        out[r.req_id] = (int(r.num_computed_tokens), int(n.get(r.req_id, 0)))
+    c = so.scheduled_cached_reqs
+    for rid, done in zip(c.req_ids, c.num_computed_tokens):
+        out[rid] = (int(done), int(n.get(rid, 0)))
+    return out
+
+
+def decide(*, chunk: tuple[int, int], lcp: int, new_len: int, block: int, elapsed: float, layers_done: int,
+           layers: int) -> dict:
+    """The cut-or-finish cost model (pure; unit-tested). Returns the decision with its predicted times."""
+    s, n = chunk
+    e = s + n
+    t = elapsed / max(layers_done, 1)
+    remaining = t * (layers - layers_done)
+    c = (t * layers) / max(n, 1)
+    cert_cut = min(lcp, s) // block * block
+    cert_fin = min(lcp, e) // block * block
+    t_cut = c * max(new_len - cert_cut, 0)
+    t_fin = remaining + c * max(new_len - cert_fin, 0)
+    return {"cut": t_cut < t_fin, "layer": layers_done, "chunk": [s, n], "lcp": lcp,
+            "predicted_successor_ready_cut": t_cut, "predicted_successor_ready_finish": t_fin,
+            "remaining_step": remaining, "per_token_cost": c}
+
+
+class SafePoints:
+    def __init__(self, worker, mailbox, min_tokens: int, block: int):
+        self.worker, self.mb, self.min_tokens, self.block = worker, mailbox, min_tokens, block
+        self.runner = worker.model_runner
+        self.layers = _layers(self.runner.model)
+        self.armed = None
+        self.installed = False
+
+    def install(self) -> bool:
+        cfg = self.worker.vllm_config.compilation_config
+        mode = getattr(cfg, "mode", None)
+        if mode not in (0, None) and str(mode).split(".")[-1] not in ("NONE", "0"):
+            log.warning("retire: per-layer safe points need enforce_eager=True (compiled graphs fire layer hooks "
+                        "unreliably); FENCE falls back to the step boundary")
+            return False
+        for i, layer in enumerate(self.layers):
+            layer.register_forward_pre_hook(self._hook(i))
+        orig = self.runner.execute_model
+
+        def execute_model(scheduler_output, *args, **kwargs):
+            self.armed = None
+            if scheduler_output.total_num_scheduled_tokens >= self.min_tokens:
+                self.armed = {"chunks": chunks_of(scheduler_output), "t0": time.monotonic(), "decided": False}
+            try:
+                return orig(scheduler_output, *args, **kwargs)
+            except _Cut:
+                return self._cut_output(scheduler_output)
+            finally:
+                self.armed = None
+
+        self.runner.execute_model = execute_model
+        self.installed = True
+        return True
+
+    def _hook(self, i: int):
+        def pre_hook(module, args):
+            a = self.armed
+            if a is None or a["decided"]:
+                return None
+            self.mb.worker_pause_point(i)
+            self.mb.bump("checks")
+            revoked = self.mb.revoked() if self.mb.any_live() else {}
+            if not revoked:
+                return None
+            ids = a["chunks"]
+            hit = [r for r in ids if r in revoked]
+            if not hit:
+                return None
+            if len(hit) != len(ids):  # mixed step: fence at the step boundary, never cut others' work
+                a["decided"] = True
+                self._log({"cut": False, "path": "step-boundary:mixed", "layer": i, "req_ids": hit})
+                return None
+            # every request of the step is revoked: decide per the cost model on the longest chunk
+            rid = max(hit, key=lambda r: ids[r][1])
+            lcp, new_len = revoked[rid]
+            d = decide(chunk=ids[rid], lcp=lcp, new_len=new_len, block=self.block,
+                       elapsed=time.monotonic() - a["t0"], layers_done=i, layers=len(self.layers)) if i else \
+                {"cut": True, "layer": 0, "chunk": list(ids[rid]), "lcp": lcp, "reason": "before the first layer"}
+            if lcp >= ids[rid][0] + ids[rid][1] and i:
+                d["cut"] = False  # the whole chunk is shared with the successor: useful work, let it finish
+            a["decided"] = True
+            d["path"] = "safe-point" if d["cut"] else "finish-step"
+            d["req_ids"] = hit
+            self._log(d)
+            if d["cut"]:
+                a["cut"] = {r: list(ids[r]) for r in ids}
+                a["decision"] = d
+                self.mb.bump("cuts")
+                raise _Cut()
+            return None
+        return pre_hook
+
+    def _log(self, d: dict) -> None:
+        self.mb.write_log(json.dumps(d, default=float))
+
+    def _cut_output(self, so):
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        req_ids = list(so.num_scheduled_tokens)
+        out = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                sampled_token_ids=[[] for _ in req_ids])
+        a = self.armed or {}
+        out.retire_cut = {"chunks": a.get("cut", {r: [0, 0] for r in req_ids}), "decision": a.get("decision", {})}
+        return out
