@@ -1,0 +1,100 @@
+"""FENCE inside a step (issue #4): native (step boundary) vs retire (safe point), by prefill unit.
+
+Landing: the worker is held at the start of the old version's first long step (LandInStep at layer 0), released,
+and the revision then arrives after a uniformly drawn fraction of the step's calibrated duration (the arrival time of
+the revision is the workload, not a synchronisation). The revised prompt shares 512 tokens, so the running chunk is
+obsolete and retire cuts it. Metrics (medians and [min, max], paired per round):
+- fence_latency: SUPERSEDE call -> last old writer closed (native: the abort applied after the step; retire: the cut).
+- interruption_to_successor: SUPERSEDE call -> the successor's first token.
+Each trial's successor is checked against clean_prefix_run (logprob-closeness rule); failing trials are not admitted.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import pytest
+from vllm import SamplingParams
+
+from conformance.fixtures.prompts import repo_prompt, revise
+from oracles import collect, compare_logprobs_close
+from perf.common import Paired, summary
+from retire.barriers import LandInStep
+
+SP_OLD = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+SP_NEW = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, logprobs=5)
+ARMS = ("native-cold", "retire")
+
+
+class Trial:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+async def _calibrate(eng, unit: int) -> float:
+    """Duration of one prefill step of `unit` tokens on this engine (untimed elsewhere; sets the landing scale)."""
+    await eng.backend.sched("set_step_tokens", {"tokens": unit})
+    scope = f"cal-{unit}"
+    t0 = time.monotonic()
+    await eng.submit(scope, repo_prompt(unit, seed=unit + 1), SP_OLD)
+    await collect(eng, scope)
+    return time.monotonic() - t0
+
+
+async def _trial(eng, oracle, unit: int, step_s: float, frac: float, tag: str) -> Trial:
+    await eng.backend.sched("set_step_tokens", {"tokens": unit})
+    prompt = repo_prompt(unit + 256, seed=hash(tag) % 10_000)
+    revised = revise(prompt, 512, 700, seed=7)
+    scope = f"f-{tag}"
+    await eng.submit(scope, prompt, SP_OLD)
+    old = asyncio.ensure_future(collect(eng, scope, 0))
+    async with LandInStep(eng, 0) as barrier:
+        await barrier.paused()           # the first (long) step is about to run its first layer
+    await asyncio.sleep(frac * step_s)   # the revision's arrival inside the step (workload, not synchronisation)
+    tr = await eng.supersede(scope, 0, revised, SP_NEW)
+    new = await collect(eng, scope, 1)
+    await old
+    ref = await oracle.clean_prefix_run(revised[: tr.inherited_tokens], revised, SP_NEW)
+    v = compare_logprobs_close(subject=new, oracle=ref, subject_name=f"{eng.policy} successor",
+                               oracle_name="clean_prefix_run")
+    return Trial(ok=v.valid is True, verdict=v.detail, fence=tr.fence_latency, ttft=tr.successor_ttft,
+                 path=tr.receipts[0].path if tr.receipts else "native-abort", frac=frac)
+
+
+@pytest.mark.bench
+@pytest.mark.parametrize("unit", [2048, 4096, 8192, 16384])
+def test_bench_fence_latency_by_prefill_unit(benchmark, facades, pool, unit):
+    fs, oracle = facades("long-16k", *ARMS)
+    run = pool.runner.run
+    step_s = run(_calibrate(fs["retire"], unit))
+    rng = random.Random(unit)
+    paired = Paired(ARMS)
+    rounds = 3 if unit >= 8192 else 4
+
+    def target(i):
+        frac = rng.uniform(0.05, 0.95)
+        trials = {}
+        for arm in paired.order(i):
+            trials[arm] = run(_trial(fs[arm], oracle, unit, step_s, frac, f"{unit}-{i}-{arm}"))
+        paired.add(i, trials)
+
+    benchmark.pedantic(target, setup=paired.setup, rounds=rounds, iterations=1)
+    assert paired.rounds, paired.admission()
+    fence = {a: paired.values(a, lambda t: t.fence) for a in ARMS}
+    ratios = paired.ratios("native-cold", "retire", lambda t: t.fence)
+    ttft_ratio = paired.ratios("native-cold", "retire", lambda t: t.ttft)
+    assert all(r["retire"].path == "safe-point" for r in paired.rounds), [r["retire"].path for r in paired.rounds]
+    benchmark.extra_info.update({
+        "paper_metric": "FENCE latency vs prefill unit (obsolete tail)",
+        "prefill_unit_tokens": unit, "calibrated_step_s": round(step_s, 3),
+        "fence_latency_native_s": summary(fence["native-cold"]), "fence_latency_retire_s": summary(fence["retire"]),
+        "fence_speedup_native_over_retire": summary(ratios, 2),
+        "interruption_to_successor_native_s": summary(paired.values("native-cold", lambda t: t.ttft)),
+        "interruption_to_successor_retire_s": summary(paired.values("retire", lambda t: t.ttft)),
+        "interruption_to_successor_speedup": summary(ttft_ratio, 2),
+        "landing_fractions": [round(r["retire"].frac, 3) for r in paired.rounds],
+        **paired.admission(),
+    })
+    print(f"\n[fence] unit={unit}: native {summary(fence['native-cold'])['median']} s, "
+          f"retire {summary(fence['retire'])['median']} s, ratio {summary(ratios, 2)}")
