@@ -42,3 +42,18 @@ def test_models_are_deterministic_per_spec(tmp_path, monkeypatch):
     shutil.rmtree(a)
     b = models.ensure_model("unit")
     assert hashlib.sha256(pathlib.Path(b, "model.safetensors").read_bytes()).hexdigest() == digest
+
+
+def test_hybrid_model_greedy_output_varies():
+    """The two-KV-group fixture (checked with transformers' own forward, no engine): 48 greedy tokens contain at
+    least 16 distinct ids and no run of 8 repeats."""
+    import torch
+
+    from conformance.fixtures.models import ensure_model
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(ensure_model("hybrid"), dtype=torch.float32).eval()
+    ids = torch.tensor([tokens(300, 5)])
+    out = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=48, do_sample=False)[0, 300:].tolist()
+    assert len(set(out)) >= 16, out
+    assert not any(len(set(out[i:i + 8])) == 1 for i in range(len(out) - 7)), out

@@ -71,3 +71,10 @@ def all_tables(sched: Any) -> list:
     for m in managers(sched):
         out.extend(m.req_to_blocks.values())
     return out
+
+
+def first_needed_block(manager: Any, num_tokens: int) -> int:
+    """Index of the first block a request with `num_tokens` computed tokens still attends to in this group
+    (0 for full attention; later for sliding-window groups, whose earlier blocks are null placeholders)."""
+    skipped = manager.get_num_skipped_tokens(num_tokens) if hasattr(manager, "get_num_skipped_tokens") else 0
+    return max(0, skipped) // manager.block_size

@@ -185,12 +185,19 @@ class RetireScheduler(Scheduler):
             if reason is None:
                 old_tables = adapter.group_blocks(self, old_id)
                 per_group = [t[: n // m.block_size] for t, m in zip(old_tables, mgrs)]
-                if any(b.is_null for g in per_group for b in g):
-                    reason = "sliding window: certified range holds evicted (null) blocks"
-                    per_group = [[] for _ in mgrs]
+                # A sliding-window group keeps only the window ending at the certified length; blocks before it are
+                # null placeholders (as in vLLM's own tables) and are neither certified nor pinned. Every block the
+                # successor will attend to must be live.
+                for g, m in zip(per_group, mgrs):
+                    first = adapter.first_needed_block(m, n)
+                    if any(b.is_null for b in g[first:]):
+                        reason = (f"sliding window: blocks the successor attends to at {n} tokens were already "
+                                  f"evicted by the predecessor")
+                        per_group = [[] for _ in mgrs]
+                        break
             if reason is not None:
                 per_group = [[] for _ in mgrs]
-        flat = [b for g in per_group for b in g]
+        flat = [b for g in per_group for b in g if not b.is_null]
         ids = [[b.block_id for b in g] for g in per_group]
         gens = [list(self.retire_gens.of(g)) for g in ids]
         t3 = now(); timings["align"] = t3 - t2
