@@ -64,8 +64,11 @@ async def _trial(eng, oracle, unit: int, step_s: float, frac: float, tag: str) -
     ref = await oracle.clean_run(revised, SP_NEW)
     v = compare_logprobs_close(subject=new, oracle=ref, subject_name=f"{eng.policy} successor",
                                oracle_name="clean_run")
-    return Trial(ok=v.valid is True, verdict=v.detail, fence=tr.fence_latency, ttft=tr.successor_ttft,
-                 path=tr.receipts[0].path if tr.receipts else "native-abort", frac=frac)
+    path = tr.receipts[0].path if tr.receipts else "native-abort"
+    ok, verdict = v.valid is True, v.detail
+    if eng.policy == "retire" and path != "safe-point":  # the revision arrived after the armed step had ended
+        ok, verdict = False, f"landed outside the armed step (path {path}); not a revision inside a step"
+    return Trial(ok=ok, verdict=verdict, fence=tr.fence_latency, ttft=tr.successor_ttft, path=path, frac=frac)
 
 
 @pytest.mark.bench
@@ -90,7 +93,6 @@ def test_bench_fence_latency_by_prefill_unit(benchmark, facades, pool, unit):
     fence = {a: paired.values(a, lambda t: t.fence) for a in ARMS}
     ratios = paired.ratios("native-cold", "retire", lambda t: t.fence)
     ttft_ratio = paired.ratios("native-cold", "retire", lambda t: t.ttft)
-    assert all(r["retire"].path == "safe-point" for r in paired.rounds), [r["retire"].path for r in paired.rounds]
     benchmark.extra_info.update({
         "paper_metric": "FENCE latency vs prefill unit (obsolete tail)",
         "prefill_unit_tokens": unit, "calibrated_step_s": round(step_s, 3),
