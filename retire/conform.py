@@ -27,6 +27,9 @@ GUARANTEES = {
     "test_comparators": "checker negative controls",
     "test_models": "model fixtures are not degenerate",
     "test_traces": "trace tooling",
+    "test_safe_points": "path: in-step safe points (bounded FENCE, writer closure)",
+    "test_safepoint_model": "safe-point cost model and mailbox",
+    "test_report": "report rendering",
 }
 
 
