@@ -61,7 +61,9 @@ def runner():
 
 
 @pytest.fixture(scope="session")
-def pool(runner, device):
+def pool(runner):
+    """Engines by configuration key. Not keyed by `device`: a switch of the device parameter must not tear the
+    engines down (the `cuda` cases skip before they ask for one)."""
     from conformance.fixtures.engines import EnginePool
 
     p = EnginePool(runner)
@@ -115,22 +117,22 @@ def _harness(pool, key):
 
 
 @pytest.fixture
-def unit(pool):
+def unit(device, pool):
     yield from _harness(pool, "unit")
 
 
 @pytest.fixture
-def unit_noapc(pool):
+def unit_noapc(device, pool):
     yield from _harness(pool, "unit-noapc")
 
 
 @pytest.fixture
-def long(pool):
+def long(device, pool):
     yield from _harness(pool, "long")
 
 
 @pytest.fixture
-def long8k(pool):
+def long8k(device, pool):
     h = None
     for h in _harness(pool, "long-8k"):
         yield h

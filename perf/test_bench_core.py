@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import Counter
 
 import pytest
 from vllm import SamplingParams
@@ -84,9 +85,11 @@ B_ROUNDS = 5
 
 
 def test_bench_fence_latency_step_boundary(benchmark, facades, runner):
-    """FENCE latency (ADVANCE -> last old writer closed, `Transition.fence_latency`) with a prefill unit of 2048:
-    8K old prompt, SUPERSEDE right after the engine reports frontier >= 2048 (so it lands inside the second step).
-    The successor shares 2304 tokens and has 2560 (small, to keep the oracle check cheap)."""
+    """FENCE latency (SUPERSEDE call -> last old writer closed, `Transition.fence_latency`) with a prefill unit of
+    2048: 8K old prompt, SUPERSEDE right after the engine reports frontier >= 2048 (so it lands inside the second
+    step). The successor shares 2304 tokens and has 2560 (small, to keep the oracle check cheap). Native closes the
+    old writer at the step boundary (abort applied after the step); retire closes it at the step boundary or at an
+    in-step safe point, as its cost model decides: the receipt path of every retire trial is reported."""
     fs, oracle = facades("long", *B_ARMS)
     judge = Judge(oracle)
     paired = Paired(B_ARMS)
@@ -112,6 +115,8 @@ def test_bench_fence_latency_step_boundary(benchmark, facades, runner):
     for a in B_ARMS:
         benchmark.extra_info[f"fence_latency_s[{a}]"] = summary(paired.values(a, fence))
         benchmark.extra_info[f"frontier_at_call[{a}]"] = summary(paired.values(a, lambda t: t.frontier_at_call))
+    benchmark.extra_info["fence_path[retire]"] = dict(Counter(paired.values("retire", lambda t: t.fence_path)))
+    benchmark.extra_info["tokens_reused[retire]"] = summary(paired.values("retire", lambda t: t.reused), nd=0)
     benchmark.extra_info["fence_stage_engine_s[retire]"] = summary(
         paired.values("retire", lambda t: t.transition.timings.get("fence")))
     benchmark.extra_info["fence_latency_ratio[native-cold/retire]"] = summary(
@@ -155,6 +160,8 @@ def test_bench_successor_ttft_demo_scenario(benchmark, facades, runner):
         benchmark.extra_info[f"successor_ttft_s[{a}]"] = summary(paired.values(a, ttft))
         benchmark.extra_info[f"tokens_reused[{a}]"] = summary(paired.values(a, lambda t: t.reused), nd=0)
         benchmark.extra_info[f"obsolete_tokens_published[{a}]"] = sum(paired.values(a, lambda t: t.obsolete))
+        benchmark.extra_info[f"fence_latency_s[{a}]"] = summary(paired.values(a, lambda t: t.fence))
+    benchmark.extra_info["fence_path[retire]"] = dict(Counter(paired.values("retire", lambda t: t.fence_path)))
     benchmark.extra_info["ttft_speedup[native-cold/retire]"] = summary(paired.ratios("native-cold", "retire", ttft))
     benchmark.extra_info["ttft_speedup[native-prefix/retire]"] = summary(
         paired.ratios("native-prefix", "retire", ttft))

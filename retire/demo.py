@@ -73,10 +73,16 @@ class Trial:
     verdict: str = ""
     ok: bool | None = None
 
+    @property
+    def fence_path(self) -> str:
+        """How the old writer was closed: "step-boundary" / "safe-point" (retire receipts) or "native-abort"."""
+        rs = getattr(self.transition, "receipts", ()) or ()
+        return rs[0].path if rs else "native-abort"
+
     def row(self) -> dict:
         tr = self.transition
         return {"policy": self.policy, "scope": self.scope, "obsolete_tokens_published": self.obsolete,
-                "successor_ttft_s": self.ttft, "tokens_reused": self.reused, "fence_latency_s": self.fence,
+                "successor_ttft_s": self.ttft, "tokens_reused": self.reused, "fence_latency_s": self.fence, "fence_path": self.fence_path,
                 "wall_s": self.wall, "frontier_at_call": self.frontier_at_call,
                 "cold_reason": getattr(tr, "cold_reason", None), "verdict": self.verdict, "ok": self.ok,
                 "successor_tokens": list(self.new.tokens) if self.new is not None else None}
@@ -305,7 +311,7 @@ async def run_section(sid: str, title: str, key: str, make_case, trial_kwargs: d
                 t.ok, t.verdict = await judge.check(p, revised, sp_new, t.new, t.reused)
                 trials.append(t)
                 log(f"[{sid} {r + 1}/{REPEATS}] {p:13s} obsolete={t.obsolete:3d} ttft={_f(t.ttft)}s "
-                    f"reused={t.reused:5d} fence={_f(t.fence)}s wall={t.wall:.2f}s frontier@call={t.frontier_at_call}"
+                    f"reused={t.reused:5d} fence={_f(t.fence)}s ({t.fence_path}) wall={t.wall:.2f}s frontier@call={t.frontier_at_call}"
                     f" -> {t.verdict}")
         for f in facades.values():
             await f.audit()
