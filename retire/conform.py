@@ -30,6 +30,7 @@ GUARANTEES = {
     "test_safe_points": "path: in-step safe points (bounded FENCE, writer closure)",
     "test_safepoint_model": "safe-point cost model and mailbox",
     "test_report": "report rendering",
+    "test_faults": "fault discipline (compose, heal)",
 }
 
 

@@ -12,9 +12,29 @@ import asyncio
 from .base import Fault
 
 
-class SlowConsumer(Fault):
+class _StreamHookFault(Fault):
+    """A fault that acts through one of the facade's stream hook points ("on_dequeue" or "after_yield")."""
+
+    hook_point: str = ""
+
+    async def _hook(self, *args):  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    async def inject(self, target) -> None:
+        target.hooks[self.hook_point].append(self._hook)
+        await super().inject(target)
+
+    async def heal(self) -> None:
+        hooks = self.target.hooks[self.hook_point]
+        if self._hook in hooks:
+            hooks.remove(self._hook)
+        await super().heal()
+
+
+class SlowConsumer(_StreamHookFault):
     name = "slow-consumer"
     affects = frozenset({"consume"})
+    hook_point = "after_yield"
 
     def __init__(self, delay: float = 0.05):
         super().__init__()
@@ -25,20 +45,12 @@ class SlowConsumer(Fault):
         self.frames_delayed += 1
         await asyncio.sleep(self.delay)
 
-    async def inject(self, target) -> None:
-        target.hooks["after_yield"].append(self._hook)
-        await super().inject(target)
-
-    async def heal(self) -> None:
-        hooks = self.target.hooks["after_yield"]
-        if self._hook in hooks:
-            hooks.remove(self._hook)
-        await super().heal()
 
 
-class LateCompletion(Fault):
+class LateCompletion(_StreamHookFault):
     name = "late-completion"
     affects = frozenset({"publish"})
+    hook_point = "on_dequeue"
 
     def __init__(self, scope: str, epoch: int = 0, tenant: str = "default"):
         super().__init__()
@@ -58,12 +70,3 @@ class LateCompletion(Fault):
         self.released += 1
         return out
 
-    async def inject(self, target) -> None:
-        target.hooks["on_dequeue"].append(self._hook)
-        await super().inject(target)
-
-    async def heal(self) -> None:
-        hooks = self.target.hooks["on_dequeue"]
-        if self._hook in hooks:
-            hooks.remove(self._hook)
-        await super().heal()
