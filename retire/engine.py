@@ -333,7 +333,8 @@ class RetireEngine:
             if v.consumers:
                 continue
             if v.revoked:
-                self.backend.drop_local(v.internal_id) if v.internal_id in self.backend.llm.output_processor.request_states else None
+                if v.internal_id in self.backend.llm.output_processor.request_states:
+                    self.backend.drop_local(v.internal_id)  # gates were off (negative control): forget it now
                 v.finished = True
                 continue
             async for _ in self.stream(v.scope, v.epoch, v.tenant):
