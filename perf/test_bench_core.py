@@ -34,6 +34,22 @@ def _base_info(benchmark, what: str, model: str, paired: Paired, **kw) -> None:
     benchmark.extra_info.update({"scenario": what, "model": model, **paired.admission(), **kw})
 
 
+async def _revision_round(paired: Paired, i: int, fs: dict, judge: Judge, scope: str, prompt, revised, sp_old,
+                          sp_new, *, slow_consumer: float | None = None, **trial_kw) -> None:
+    """One paired round: every arm (in this round's rotated order) runs the same revision trial, optionally under a
+    slow consumer, and is judged against its oracle; the round is then recorded."""
+    res = {}
+    for arm in paired.order(i):
+        if slow_consumer is None:
+            t = await revision_trial(fs[arm], scope, prompt, revised, sp_old, sp_new, **trial_kw)
+        else:
+            async with SlowConsumer(slow_consumer).on(fs[arm]):
+                t = await revision_trial(fs[arm], scope, prompt, revised, sp_old, sp_new, **trial_kw)
+        t.ok, t.verdict = await judge.check(arm, revised, sp_new, t.new, t.reused)
+        res[arm] = t
+    paired.add(i, res)
+
+
 def _require_admitted(paired: Paired) -> None:
     assert paired.rounds, f"every round was rejected by its oracle: {paired.rejections}"
 
@@ -55,14 +71,8 @@ def test_bench_obsolete_tokens_slow_consumer(benchmark, facades, runner):
     async def one_round(i: int):
         prompt = tokens(96, 500 + i)
         revised = revise(prompt, 64, 90, 500 + i)
-        res = {}
-        for arm in paired.order(i):
-            async with SlowConsumer(0.05).on(fs[arm]):
-                t = await revision_trial(fs[arm], f"obs{i}", prompt, revised, sp_old, sp_new,
-                                         after_tokens=1 + i % 9 * 2, lag=1 + i % 8)
-            t.ok, t.verdict = await judge.check(arm, revised, sp_new, t.new, t.reused)
-            res[arm] = t
-        paired.add(i, res)
+        await _revision_round(paired, i, fs, judge, f"obs{i}", prompt, revised, sp_old, sp_new, slow_consumer=0.05,
+                              after_tokens=1 + i % 9 * 2, lag=1 + i % 8)
 
     benchmark.pedantic(lambda i: runner.run(one_round(i)), setup=paired.setup, rounds=A_TRIALS, iterations=1)
 
@@ -99,12 +109,8 @@ def test_bench_fence_latency_step_boundary(benchmark, facades, runner):
     async def one_round(i: int):
         prompt = repo_prompt(8192, 600 + i)
         revised = revise(prompt, 2304, 2560, 600 + i)
-        res = {}
-        for arm in paired.order(i):
-            t = await revision_trial(fs[arm], f"fence{i}", prompt, revised, sp_old, sp_new, frontier=CHUNK_LONG)
-            t.ok, t.verdict = await judge.check(arm, revised, sp_new, t.new, t.reused)
-            res[arm] = t
-        paired.add(i, res)
+        await _revision_round(paired, i, fs, judge, f"fence{i}", prompt, revised, sp_old, sp_new,
+                              frontier=CHUNK_LONG)
 
     benchmark.pedantic(lambda i: runner.run(one_round(i)), setup=paired.setup, rounds=B_ROUNDS, iterations=1)
 
@@ -142,13 +148,8 @@ def test_bench_successor_ttft_demo_scenario(benchmark, facades, runner):
     async def one_round(i: int):
         prompt = repo_prompt(8192, 700 + i)
         revised = revise(prompt, int(0.9 * 8192), 8192, 700 + i)
-        res = {}
-        for arm in paired.order(i):
-            async with SlowConsumer(0.05).on(fs[arm]):
-                t = await revision_trial(fs[arm], f"ttft{i}", prompt, revised, sp_old, sp_new, frontier=CHUNK_LONG)
-            t.ok, t.verdict = await judge.check(arm, revised, sp_new, t.new, t.reused)
-            res[arm] = t
-        paired.add(i, res)
+        await _revision_round(paired, i, fs, judge, f"ttft{i}", prompt, revised, sp_old, sp_new, slow_consumer=0.05,
+                              frontier=CHUNK_LONG)
 
     benchmark.pedantic(lambda i: runner.run(one_round(i)), setup=paired.setup, rounds=C_ROUNDS, iterations=1)
 
