@@ -45,18 +45,3 @@ async def revise_after(eng, scope: str, *, prompt, sp_old, revised, sp_new, afte
     old = await old_task
     return Revision(tr, old, new, eng.stats()["obsolete_tokens_published"] - before)
 
-
-async def wait_engine(eng, scope: str, *, frontier: int | None = None, out_tokens: int | None = None,
-                      epoch: int | None = None, tenant: str = "default") -> dict | None:
-    """Barrier on the engine's own view of a version: return once its writer frontier reaches `frontier` and/or
-    it has generated `out_tokens` output tokens, or once it left the scheduler (returns None then). Each poll is
-    answered by EngineCore between two steps, so this never sleeps."""
-    s = eng.table.get(tenant, scope)
-    v = s.versions[s.epoch if epoch is None else epoch]
-    while True:
-        st = await eng.backend.sched("request_state", {"req_id": v.internal_id})
-        if st is None:
-            return None
-        if (frontier is None or st["frontier"] >= frontier) and (
-                out_tokens is None or st["num_tokens"] - len(v.prompt) >= out_tokens):
-            return st

@@ -9,7 +9,8 @@ import pytest
 from vllm import SamplingParams
 
 from conformance.fixtures.prompts import revise, tokens
-from conformance.scenarios import revise_after, wait_engine
+from conformance.scenarios import revise_after
+from retire.barriers import wait_engine
 from oracles import assert_logprobs_close, assert_same_tokens
 from retire import Contract
 from retire.faults import ForgedTenant, GenerationRace

@@ -10,7 +10,7 @@ import pytest
 from vllm import SamplingParams
 
 from conformance.fixtures.prompts import revise, tokens
-from conformance.scenarios import wait_engine
+from retire.barriers import wait_engine
 from oracles import assert_logprobs_close, collect
 from retire import UnknownScope
 

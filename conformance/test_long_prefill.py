@@ -11,7 +11,7 @@ import pytest
 from vllm import SamplingParams
 
 from conformance.fixtures.prompts import repo_prompt, revise
-from conformance.scenarios import wait_engine
+from retire.barriers import wait_engine
 from oracles import assert_logprobs_close, assert_same_tokens, collect
 
 SP_OLD = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)

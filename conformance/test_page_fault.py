@@ -9,7 +9,7 @@ import pytest
 from vllm import SamplingParams
 
 from conformance.fixtures.prompts import revise, tokens
-from conformance.scenarios import wait_engine
+from retire.barriers import wait_engine
 from oracles import collect, compare_tokens
 from retire import Contract
 from retire.barriers import HoldSuccessor

@@ -10,21 +10,12 @@ import pytest
 from vllm import SamplingParams
 
 from conformance.fixtures.prompts import revise, tokens
+from retire.barriers import wait_engine
 from retire.faults import LateCompletion, SlowConsumer
 
 SP_OLD = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
 SP_NEW = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
 TRIALS = 18
-
-
-async def engine_progress(eng, scope: str, n_out: int, epoch: int = 0) -> None:
-    """Barrier on the engine's own view: return once the scheduler has generated `n_out` output tokens for the
-    version (or the request has left the scheduler). Each poll is answered between two engine steps."""
-    v = eng.table.get("default", scope).versions[epoch]
-    while True:
-        st = await eng.backend.sched("request_state", {"req_id": v.internal_id})
-        if st is None or st["num_tokens"] - len(v.prompt) >= n_out:
-            return
 
 
 async def _trial(eng, scope: str, after: int, seed: int, *, lag: int = 4, stop_on_obsolete: bool = False) -> int:
@@ -48,7 +39,7 @@ async def _trial(eng, scope: str, after: int, seed: int, *, lag: int = 4, stop_o
 
     task = asyncio.ensure_future(consume())
     await reached.wait()
-    await engine_progress(eng, scope, seen["n"] + lag)
+    await wait_engine(eng, scope, out_tokens=seen["n"] + lag, epoch=0)  # engine-visible lag, no sleep
     await eng.supersede(scope, 0, revise(prompt, 64, 90, seed), SP_NEW)
     await task
     async for _ in eng.stream(scope, 1):

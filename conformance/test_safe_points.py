@@ -12,7 +12,7 @@ import pytest
 from vllm import SamplingParams
 
 from conformance.fixtures.prompts import repo_prompt, revise, tokens
-from conformance.scenarios import wait_engine
+from retire.barriers import wait_engine
 from oracles import assert_logprobs_close, assert_same_tokens, collect, compare_logprobs_close
 from retire.barriers import LandInStep
 from retire.faults import StuckRevocation

@@ -18,7 +18,7 @@ import pytest
 from vllm import SamplingParams
 
 from conformance.fixtures.prompts import repo_prompt, revise
-from conformance.scenarios import wait_engine
+from retire.barriers import wait_engine
 from oracles import collect, compare_logprobs_close
 from perf.common import Paired, summary
 from retire.barriers import LandInStep

@@ -1,4 +1,4 @@
-"""Engine barriers for step-by-step driving in tests and benchmarks (no sleeps).
+"""Engine barriers for step-by-step driving in tests, benchmarks and the demo (no sleeps).
 
 Invariant: `HoldSuccessor(eng, scope)` makes the next SUPERSEDE of `scope` admit its successor with the certified
 block table installed but unscheduled; `release()` (or leaving the context) lets it run. Between the two, no step of
@@ -59,3 +59,19 @@ class LandInStep:
 
     async def __aexit__(self, *exc) -> None:
         self.mb.release()
+
+
+async def wait_engine(eng, scope: str, *, frontier: int | None = None, out_tokens: int | None = None,
+                      epoch: int | None = None, tenant: str = "default") -> dict | None:
+    """Barrier on the engine's own view of a version: return once its writer frontier reaches `frontier` and/or
+    it has generated `out_tokens` output tokens, or once it left the scheduler (returns None then). Each poll is
+    answered by EngineCore between two steps, so this never sleeps."""
+    s = eng.table.get(tenant, scope)
+    v = s.versions[s.epoch if epoch is None else epoch]
+    while True:
+        st = await eng.backend.sched("request_state", {"req_id": v.internal_id})
+        if st is None:
+            return None
+        if (frontier is None or st["frontier"] >= frontier) and (
+                out_tokens is None or st["num_tokens"] - len(v.prompt) >= out_tokens):
+            return st

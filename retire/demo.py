@@ -93,28 +93,6 @@ async def reset_prefix_cache(eng) -> bool:
     return bool(await eng.backend.llm.reset_prefix_cache())
 
 
-async def wait_frontier(eng, scope: str, n: int) -> int:
-    """Barrier on the engine's view: the old version's writer frontier reached `n` (or it left the scheduler)."""
-    rid = eng.internal_id(scope, 0)
-    while True:
-        st = await eng.backend.sched("request_state", {"req_id": rid})
-        if st is None:
-            return -1
-        if st["frontier"] >= n:
-            return int(st["frontier"])
-
-
-async def wait_generated(eng, scope: str, n_out: int, prompt_len: int) -> int:
-    """Barrier on the engine's view: the old version has generated `n_out` output tokens (or left the scheduler)."""
-    rid = eng.internal_id(scope, 0)
-    while True:
-        st = await eng.backend.sched("request_state", {"req_id": rid})
-        if st is None:
-            return -1
-        if st["num_tokens"] - prompt_len >= n_out:
-            return int(st["frontier"])
-
-
 async def revision_trial(eng, scope: str, prompt: list[int], revised: list[int], sp_old, sp_new, *,
                          frontier: int | None = None, after_tokens: int = 0, lag: int = 0, contract=None,
                          reset_cache: bool = True) -> Trial:
@@ -124,6 +102,7 @@ async def revision_trial(eng, scope: str, prompt: list[int], revised: list[int],
     Revision moment: `frontier` given -> once the engine's writer frontier of the old version is >= frontier
     (mid-prefill); otherwise once the consumer received `after_tokens` tokens and the engine generated `lag` more."""
     from oracles.runs import collect
+    from retire.barriers import wait_engine
     from retire.types import Contract
 
     if reset_cache and not await reset_prefix_cache(eng):
@@ -139,13 +118,14 @@ async def revision_trial(eng, scope: str, prompt: list[int], revised: list[int],
 
     old_task = asyncio.ensure_future(collect(eng, scope, 0, on_frame=on_frame))
     if frontier is not None:
-        seen = await wait_frontier(eng, scope, frontier)
+        st = await wait_engine(eng, scope, frontier=frontier, epoch=0)
     else:
         if after_tokens > 0:
             waiter = asyncio.ensure_future(reached.wait())
             await asyncio.wait([old_task, waiter], return_when=asyncio.FIRST_COMPLETED)
             waiter.cancel()
-        seen = await wait_generated(eng, scope, got["n"] + lag, len(prompt))
+        st = await wait_engine(eng, scope, out_tokens=got["n"] + lag, epoch=0)
+    seen = int(st["frontier"]) if st else -1  # -1: the old version had already left the scheduler
     before = eng.stats()["obsolete_tokens_published"]
     t_call = now()
     tr = await eng.supersede(scope, 0, revised, sp_new, contract=contract or Contract())
