@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import InvalidRequest, SeamMissing
+from .errors import InvalidRequest, SeamMissing, UnsupportedContract
 
 SCHEDULER_CLS = "retire.scheduler.RetireScheduler"
 WORKER_EXT_CLS = "retire.worker_ext.RetireWorkerExtension"
@@ -50,11 +50,27 @@ class Backend:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from . import participants
         from .mailbox import ENV, Mailbox, create_path
 
+        pp = int(engine_kwargs.get("pipeline_parallel_size", 1) or 1)
+        if pp > 1:
+            raise UnsupportedContract(
+                f"pipeline_parallel_size={pp}: retire refuses pipeline parallelism. With PP > 1 vLLM keeps {pp} steps "
+                "in flight (a batch queue), so no step boundary is free of running writers: FENCE could not close the "
+                "old epoch's writers before RECLAIM frees its blocks, nor certify a frontier every stage has written; "
+                "and PP on CPU needs compiled mode, where per-layer safe points are unavailable.")
         self.safe_point_min_tokens = int(engine_kwargs.pop("safe_point_min_tokens", 1024))
         self.mailbox = Mailbox(create_path())
         os.environ[ENV] = self.mailbox.path  # inherited by EngineCore and its workers, spawned below
+        # several worker ranks: each acknowledges every step in its own slot (FENCE needs every rank's receipt)
+        self.ranks = None
+        world = int(engine_kwargs.get("tensor_parallel_size", 1) or 1) * pp
+        if world > 1:
+            self.ranks = participants.RankLedger(participants.create_path())
+            os.environ[participants.ENV] = self.ranks.path
+        else:
+            os.environ.pop(participants.ENV, None)
         kwargs = dict(DEFAULTS)
         kwargs.update(engine_kwargs)
         kwargs["scheduler_cls"] = SCHEDULER_CLS
@@ -113,3 +129,5 @@ class Backend:
             self.closed = True
             self.llm.shutdown()
             self.mailbox.unlink()
+            if self.ranks is not None:
+                self.ranks.unlink()

@@ -57,8 +57,36 @@ class RetireWorkerExtension:
         kvs = self._retire_kv()
         return {"layers": len(kvs), "shape": list(kvs[0].shape), "dtype": str(kvs[0].dtype)}
 
+    def retire_install_receipts(self) -> dict:
+        """Install this rank's step acknowledgements (retire/participants.py) when the engine runs several ranks
+        (idempotent). Returns {rank, active}."""
+        rec = getattr(self, "_retire_receipts", None)
+        if rec is None:
+            from .participants import RankLedger, RankRecorder
+            ledger = RankLedger.from_env()
+            if ledger is None:
+                return {"rank": int(getattr(self, "rank", 0)), "active": False}
+            rec = self._retire_receipts = RankRecorder(self, ledger)
+            rec.install()
+        return {"rank": rec.rank, "active": rec.installed}
+
+    def retire_drop_receipt(self, rank: int, dropped: bool) -> bool:
+        """DropRankReceipt fault seam: rank `rank` stops (or resumes) acknowledging steps. True on that rank."""
+        rec = getattr(self, "_retire_receipts", None)
+        if rec is None or rec.rank != int(rank):
+            return False
+        rec.dropped = bool(dropped)
+        return True
+
     def retire_install_safe_points(self, min_tokens: int, block: int) -> dict:
-        """Install per-layer safe points on this worker (idempotent). Returns whether they are active."""
+        """Install per-layer safe points on this worker (idempotent). Returns whether they are active.
+        Not with several ranks: each rank would read the mailbox at its own moment and could cut at another layer
+        than its peers, leaving them blocked in a collective; those engines FENCE at the step boundary."""
+        receipts = self.retire_install_receipts()
+        world = int(getattr(getattr(self, "parallel_config", None), "world_size", 1) or 1)
+        if world > 1:
+            return {"active": False, "layers": 0, "min_tokens": int(min_tokens), "receipts": receipts,
+                    "reason": f"{world} worker ranks: in-step cuts must be collective; step-boundary FENCE"}
         sp = getattr(self, "_retire_safe_points", None)
         if sp is None:
             from .mailbox import Mailbox

@@ -2,7 +2,8 @@
 from .base import Composite, Fault, FaultConflict, compose
 from .consumer import LateCompletion, SlowConsumer
 from .kv import ForgedTenant, GenerationRace, PageCorruption
+from .participants import DropRankReceipt
 from .revocation import StuckRevocation
 
 __all__ = ["Fault", "Composite", "FaultConflict", "compose", "SlowConsumer", "LateCompletion", "PageCorruption",
-           "GenerationRace", "ForgedTenant", "StuckRevocation"]
+           "GenerationRace", "ForgedTenant", "StuckRevocation", "DropRankReceipt"]

@@ -1,0 +1,161 @@
+"""Participant receipts across tensor-parallel ranks: one shared-memory slot per worker rank.
+
+Invariants:
+- After every step it executed, rank r writes its slot: the engine step number (stamped on the SchedulerOutput by
+  RetireScheduler) and, for every request it holds, the tokens whose KV it has written on that rank (its writer
+  frontier; a step cut at a safe point counts only up to the chunk start). Slots are seqlocked: a reader never uses
+  a torn write.
+- FENCE (in the engine thread, between steps) accepts rank r's receipt only if r's slot names the last step the
+  scheduler launched: the rank has finished every step launched before the FENCE, and none is launched for the old
+  epoch afterwards (the old request leaves the scheduler in the same call). A rank whose slot is still stale after a
+  bounded wait has sent no receipt.
+- The transition is certified only with the full participant set (every rank x every KV group). A missing receipt
+  makes ALIGN select a cold successor that names the missing ranks; the frontier ALIGN uses is the minimum over the
+  scheduler's own and every rank's.
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+import time
+import uuid
+
+ENV = "RETIRE_RANKS"
+MAX_RANKS = 8
+SLOT = 8192                    # seq (u64) | step (i64) | length (u32) | JSON {req_id: frontier}
+HDR = struct.Struct("<QqI")
+SIZE = MAX_RANKS * SLOT
+
+
+def create_path() -> str:
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
+    path = os.path.join(base, f"retire-ranks-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    with open(path, "wb") as f:
+        f.write(b"\0" * SIZE)
+    return path
+
+
+class RankLedger:
+    def __init__(self, path: str):
+        self.path = path
+        self._f = open(path, "r+b")
+        self.mm = mmap.mmap(self._f.fileno(), SIZE)
+
+    @classmethod
+    def from_env(cls) -> "RankLedger | None":
+        p = os.environ.get(ENV)
+        return cls(p) if p and os.path.exists(p) else None
+
+    def write(self, rank: int, step: int, frontiers: dict[str, int]) -> None:
+        if not 0 <= rank < MAX_RANKS:
+            raise ValueError(f"rank {rank} outside [0, {MAX_RANKS})")
+        blob = json.dumps(frontiers, separators=(",", ":")).encode()
+        if len(blob) > SLOT - HDR.size:
+            # keep the newest entries that fit (the scheduler asks only about live requests)
+            items = list(frontiers.items())
+            while items and len(blob) > SLOT - HDR.size:
+                items = items[len(items) // 2:]
+                blob = json.dumps(dict(items), separators=(",", ":")).encode()
+        off = rank * SLOT
+        seq = struct.unpack_from("<Q", self.mm, off)[0]
+        struct.pack_into("<Q", self.mm, off, seq + 1)          # odd: write in progress
+        self.mm[off + HDR.size: off + HDR.size + len(blob)] = blob
+        struct.pack_into("<qI", self.mm, off + 8, int(step), len(blob))
+        struct.pack_into("<Q", self.mm, off, seq + 2)          # even: stable
+
+    def read(self, rank: int) -> tuple[int, dict[str, int]] | None:
+        off = rank * SLOT
+        for _ in range(100):
+            s1, step, n = HDR.unpack_from(self.mm, off)
+            if s1 == 0:
+                return None
+            if s1 % 2:
+                continue
+            blob = bytes(self.mm[off + HDR.size: off + HDR.size + n])
+            if struct.unpack_from("<Q", self.mm, off)[0] == s1:
+                return step, json.loads(blob) if n else {}
+        return None
+
+    def collect(self, world: int, step: int, timeout: float) -> dict[int, dict[str, int]]:
+        """Receipts of every rank whose slot reaches `step` within `timeout` seconds: {rank: frontiers}."""
+        got: dict[int, dict[str, int]] = {}
+        t0 = time.monotonic()
+        while True:
+            for r in range(world):
+                if r not in got:
+                    rec = self.read(r)
+                    if rec is not None and rec[0] >= step:
+                        got[r] = rec[1]
+            if len(got) == world or time.monotonic() - t0 > timeout:
+                return got
+            time.sleep(0.0002)  # a peer process's acknowledgement, bounded by `timeout`
+
+    def unlink(self) -> None:
+        try:
+            self.mm.close()
+            self._f.close()
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
+class RankRecorder:
+    """Worker side: wraps the model runner's execute_model; after each step, writes this rank's slot. `dropped` is
+    the test seam of the DropRankReceipt fault (the rank keeps computing but acknowledges nothing)."""
+
+    def __init__(self, worker, ledger: RankLedger):
+        self.worker, self.ledger = worker, ledger
+        self.rank = int(getattr(worker, "rank", 0))
+        self.frontiers: dict[str, int] = {}
+        self.dropped = False
+        self.installed = False
+
+    def install(self) -> None:
+        from .safepoints import chunks_of
+
+        runner = self.worker.model_runner
+        orig = runner.execute_model
+
+        def execute_model(scheduler_output, *args, **kwargs):
+            for rid in getattr(scheduler_output, "finished_req_ids", ()) or ():
+                self.frontiers.pop(rid, None)
+            out = orig(scheduler_output, *args, **kwargs)
+            cut = getattr(out, "retire_cut", None)
+            for rid, (start, n) in chunks_of(scheduler_output).items():
+                self.frontiers[rid] = start if cut else start + n
+            step = getattr(scheduler_output, "retire_step", None)
+            if step is not None and not self.dropped:
+                self.ledger.write(self.rank, int(step), self.frontiers)
+            return out
+
+        runner.execute_model = execute_model
+        self.installed = True
+
+
+def fence_ranks(sched, res: dict, old, old_id: str | None, expected: int, frontier: int, path: str, detail: dict,
+                reason: str | None) -> tuple[int, str | None]:
+    """FENCE with several worker ranks: one receipt per (rank, KV group), each rank's frontier from its own slot.
+    Returns (frontier for ALIGN = min over the scheduler and every rank, cold reason if the set is incomplete)."""
+    n_groups = len(sched.kv_cache_manager.coordinator.single_type_managers)
+    acks = sched.retire_ranks.collect(sched.retire_world, sched.retire_step, sched.retire_receipt_timeout)
+    res["receipts"] = [{"participant": f"rank-{r}/kv-group-{i}", "epoch": expected,
+                        "frontier": int(acks[r].get(old_id, 0)) if old is not None else 0, "path": path,
+                        "detail": dict(detail, step=sched.retire_step, rank=r)}
+                       for r in sorted(acks) for i in range(n_groups)]
+    missing = [r for r in range(sched.retire_world) if r not in acks]
+    if missing and reason is None:
+        reason = (f"participant set incomplete: no receipt from rank(s) {missing} for step {sched.retire_step} "
+                  f"within {sched.retire_receipt_timeout}s")
+    return min([frontier] + [r["frontier"] for r in res["receipts"]]), reason
+
+
+def fence_drafter(sched, res: dict, old, old_id: str | None, expected: int, frontier: int, path: str) -> None:
+    """Speculative decoding: draft and target work under one version. The ngram drafter runs inside the step, so it
+    is fenced at the same boundary as the target; drafts proposed but not yet verified hold no KV (they are not in
+    the request's tokens, and the frontier excludes their slots) and are discarded with the old request."""
+    sc = sched.retire_spec.get(old_id, {}) if old_id else {}
+    res["receipts"].append({"participant": "drafter", "epoch": expected, "frontier": frontier, "path": path,
+                            "detail": {"pending_drafts": len(old.spec_token_ids or ()) if old is not None else 0,
+                                       "drafted": sc.get("drafted", 0), "accepted": sc.get("accepted", 0)}})
