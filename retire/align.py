@@ -7,6 +7,7 @@ successor at least one token to compute (vLLM needs one to sample from).
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from math import lcm
 from typing import Sequence
@@ -42,3 +43,59 @@ def certify_length(*, old_tokens: Sequence[int], new_prompt: Sequence[int], fron
     lcp = common_prefix_len(old_tokens, new_prompt)
     cap = max(0, min(lcp, frontier, len(new_prompt) - 1))
     return Alignment(lcp=lcp, frontier=frontier, cap=cap, align=align, certified=cap - cap % align)
+
+
+class ChunkShape:
+    """Exact-mode provenance (engine side, no vLLM imports).
+
+    Invariant: `extent(rid)` is a length L such that the request's KV for tokens [0, L) was written in a cold run's
+    execution shape: full prefill chunks of `chunk` tokens starting at multiples of `chunk`, from position 0 (or
+    inherited from a predecessor whose own extent covered it). A full chunk fills the whole step budget, so it ran
+    alone, as a cold run's chunk does. Partial chunks, decode steps, prefix-cache hits of unknown provenance and
+    recomputation after a rollback end the extent; it never grows past a gap. Under the "exact" contract ALIGN
+    certifies at most `extent(old)` tokens, so a certified prefix is bit-identical to what a cold run writes.
+    `log(rid)` keeps the (start, tokens) of each observed prefill chunk, for tests to check the successor's shape.
+    """
+
+    def __init__(self, chunk: int, max_requests: int = 1024, max_chunks: int = 64):
+        self.chunk = int(chunk)
+        self.exact: dict[str, int] = {}
+        self.open: dict[str, bool] = {}
+        self.chunks: "OrderedDict[str, list[tuple[int, int]]]" = OrderedDict()
+        self.max_requests, self.max_chunks = max_requests, max_chunks
+
+    def start(self, rid: str, inherited: int = 0, extent: int = 0) -> None:
+        """A request admitted with `inherited` computed tokens, of which its predecessor certified `extent` as
+        cold-shaped (0, 0 for a fresh or cold request)."""
+        e = max(0, min(int(inherited), int(extent)))
+        self.exact[rid] = e
+        self.open[rid] = e == int(inherited)
+
+    def observe(self, rid: str, start: int, n: int, prompt_len: int) -> None:
+        if rid not in self.exact:
+            self.start(rid)
+        if start < prompt_len:
+            log = self.chunks.setdefault(rid, [])
+            if len(log) < self.max_chunks:
+                log.append((int(start), int(n)))
+            while len(self.chunks) > self.max_requests:
+                self.chunks.popitem(last=False)
+        if start < self.exact[rid]:  # recomputation (preemption, rollback): provenance of the prefix is lost
+            self.exact[rid], self.open[rid] = 0, False
+            return
+        if not self.open[rid]:
+            return
+        if start == self.exact[rid] and n == self.chunk and start % self.chunk == 0 and start + n <= prompt_len:
+            self.exact[rid] += n
+        else:
+            self.open[rid] = False
+
+    def extent(self, rid: str) -> int:
+        return self.exact.get(rid, 0)
+
+    def log(self, rid: str) -> list[tuple[int, int]]:
+        return list(self.chunks.get(rid, ()))
+
+    def forget(self, rid: str) -> None:
+        self.exact.pop(rid, None)
+        self.open.pop(rid, None)

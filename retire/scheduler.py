@@ -18,9 +18,8 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
 from . import adapter
-from .align import alignment_unit, certify_length
+from .align import ChunkShape, alignment_unit, certify_length
 from .ledger import GenerationTable, PinLedger, refcount_audit
-from .participants import fence_drafter, fence_ranks
 
 now = time.monotonic
 
@@ -47,19 +46,11 @@ class RetireScheduler(Scheduler):
         self.retire_closure_enabled = True  # test-only switch: False skips writer closure after a cut (negative ctl)
         cfg = self.vllm_config
         self.retire_chunk = int(cfg.scheduler_config.max_num_batched_tokens)
+        self.retire_shape = ChunkShape(self.retire_chunk)  # exact mode: which prefix was written in a cold shape
         self.retire_config_fp = {
             "model": str(cfg.model_config.model), "dtype": str(cfg.model_config.dtype),
             "block_size": int(self.block_size), "cache_dtype": str(cfg.cache_config.cache_dtype),
         }
-        # Participants: every worker rank acknowledges every step it finished (retire/participants.py); the step
-        # number rides on the SchedulerOutput. Speculative decoding: drafts proposed/verified per request.
-        from .participants import RankLedger
-        self.retire_world = int(cfg.parallel_config.world_size)
-        self.retire_ranks = RankLedger.from_env() if self.retire_world > 1 else None
-        self.retire_receipt_timeout = 1.0
-        self.retire_step = 0
-        self.retire_spec_enabled = cfg.speculative_config is not None
-        self.retire_spec: dict[str, Counter] = {}
 
     # EngineCore's utility dispatch evaluates `getattr(engine, "scheduler") and ...`: never be falsy.
     def __bool__(self) -> bool:
@@ -85,33 +76,16 @@ class RetireScheduler(Scheduler):
                 self._closed(req.request_id, t)
         return finished
 
-    def schedule(self, *args, **kwargs):
-        so = super().schedule(*args, **kwargs)
-        self.retire_step += 1
-        so.retire_step = self.retire_step  # pickled to every worker rank with the SchedulerOutput
-        return so
-
-    def _note_spec(self, so, mro) -> None:
-        """Per request: draft tokens verified (`drafted`, -1 padding excluded) and accepted in committed steps."""
-        spec = so.scheduled_spec_decode_tokens
-        sampled = mro.sampled_token_ids
-        for rid, drafts in spec.items():
-            real = sum(1 for t in drafts if t >= 0)
-            idx = mro.req_id_to_index.get(rid)
-            if not real or idx is None or not sampled or rid not in self.requests:
-                continue
-            c = self.retire_spec.setdefault(rid, Counter())
-            c["drafted"] += real
-            c["accepted"] += max(len(sampled[idx]) - 1, 0)
-            c["steps"] += 1
-
     def update_from_output(self, scheduler_output, model_runner_output):
         cut = getattr(model_runner_output, "retire_cut", None)
-        if self.retire_spec_enabled and scheduler_output.scheduled_spec_decode_tokens:
-            self._note_spec(scheduler_output, model_runner_output)
+        chunks = [(rid, r.num_computed_tokens - n, n, r.num_prompt_tokens)
+                  for rid, n in scheduler_output.num_scheduled_tokens.items() if (r := self.requests.get(rid))]
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if cut:
             self._close_writers(cut)
+        for rid, start, n, plen in chunks:
+            if not (cut and cut["chunks"].get(rid, (0, 0))[1]):
+                self.retire_shape.observe(rid, start, n, plen)
         if self.retire_gate_enabled:
             for eco in outputs.values():
                 if eco.outputs:
@@ -188,13 +162,8 @@ class RetireScheduler(Scheduler):
         if self.retire_mailbox is not None and old_id:
             self.retire_mailbox.clear(old_id)
             self.retire_mailbox.clear_log()
-        if self.retire_ranks is None:
-            res["receipts"] = [{"participant": f"kv-group-{i}", "epoch": expected, "frontier": frontier,
-                                "path": path, "detail": detail} for i in range(len(mgrs))]
-        else:
-            frontier, reason = fence_ranks(self, res, old, old_id, expected, frontier, path, detail, reason)
-        if self.retire_spec_enabled:
-            fence_drafter(self, res, old, old_id, expected, frontier, path)
+        res["receipts"] = [{"participant": f"kv-group-{i}", "epoch": expected, "frontier": frontier,
+                            "path": path, "detail": detail} for i in range(len(mgrs))]
         t2 = now(); timings["fence"] = t2 - t1
 
         # ALIGN
@@ -205,17 +174,26 @@ class RetireScheduler(Scheduler):
             reason = self._eligibility(old, request, meta, contract)
         if reason is None:
             unit = alignment_unit(self.block_size, contract.get("mode", "tolerant"), self.retire_chunk)
+            exact_extent = self.retire_shape.extent(old_id)
             alignment = certify_length(old_tokens=old.all_token_ids, new_prompt=request.prompt_token_ids,
                                        frontier=frontier, align=unit)
             n = alignment.certified
+            if contract.get("mode") == "exact" and n > exact_extent:
+                # exact: only KV written in a cold run's chunk shape may be certified (see align.ChunkShape)
+                n = exact_extent - exact_extent % unit
+                if n == 0:
+                    reason = (f"exact mode: no chunk-aligned prefix written in a cold run's shape "
+                              f"(extent={exact_extent}, unit={unit})")
             quota = contract.get("pin_quota_blocks")
             if quota is not None:
                 free = max(0, int(quota) - self.retire_pins.pinned(meta.get("tenant", "default")))
                 per_block = sum(1 for _ in mgrs)
                 max_blocks = free // max(per_block, 1)
                 n = min(n, (max_blocks * self.block_size) // unit * unit)
-                if n == 0 and alignment.certified > 0:
-                    reason = f"pin quota: {quota} blocks, {free} free"
+                if n == 0 and reason is None and (alignment.certified > 0 or max_blocks == 0):
+                    reason = f"pin quota: {quota} blocks, {free} free" + (
+                        "" if alignment.certified else f" (nothing certifiable anyway: lcp={alignment.lcp}, "
+                                                       f"frontier={frontier})")
             if n == 0 and reason is None:
                 reason = (f"no shared prefix to certify (lcp={alignment.lcp}, frontier={frontier}, "
                           f"unit={unit})")
@@ -266,6 +244,8 @@ class RetireScheduler(Scheduler):
         else:
             self.retire_counters["inherited"] += 1
             self.retire_counters["inherited_tokens"] += n_inherit
+        self.retire_shape.start(request.request_id, n_inherit, min(n_inherit, self.retire_shape.extent(old_id))
+                                if old_id else 0)
         if hook and hook.get("hold"):
             # Test barrier (step-by-step driving): the successor is admitted with its block table installed but
             # not scheduled until `release`, so a test can act between ALIGN and the successor's first step.
@@ -338,8 +318,8 @@ class RetireScheduler(Scheduler):
     def _prune(self) -> None:
         for rid in [r for r in self.retire_meta if r not in self.requests]:
             self.retire_meta.pop(rid)
-        for rid in [r for r in self.retire_spec if r not in self.requests]:
-            self.retire_spec.pop(rid)
+        for rid in [r for r in self.retire_shape.exact if r not in self.requests]:
+            self.retire_shape.forget(rid)
 
     # ------------------------------------------------------------------ out-of-band commands
     def __call__(self, cmd: str, payload: dict | None = None) -> Any:
@@ -368,10 +348,14 @@ class RetireScheduler(Scheduler):
         r = self.requests.get(req_id)
         if r is None:
             return None
-        sc = self.retire_spec.get(req_id, Counter())
         return {"num_computed_tokens": r.num_computed_tokens, "frontier": adapter.writer_frontier(r),
-                "status": str(r.status), "num_tokens": r.num_tokens, "spec_token_ids": len(r.spec_token_ids or ()),
-                "drafted": sc["drafted"], "accepted": sc["accepted"]}
+                "status": str(r.status), "num_tokens": r.num_tokens}
+
+    def _cmd_chunk_log(self, req_id: str) -> dict:
+        """Exact-mode observability: the (start, tokens) of each prefill chunk the request was scheduled in, and
+        the prefix length written in a cold run's chunk shape."""
+        return {"chunks": [list(c) for c in self.retire_shape.log(req_id)],
+                "exact_extent": self.retire_shape.extent(req_id), "chunk": self.retire_chunk}
 
     def _cmd_generations(self, block_ids: list[int]) -> list[int]:
         return list(self.retire_gens.of(block_ids))
