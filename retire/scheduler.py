@@ -20,6 +20,7 @@ from vllm.v1.request import RequestStatus
 from . import adapter
 from .align import ChunkShape, alignment_unit, certify_length
 from .ledger import GenerationTable, PinLedger, refcount_audit
+from .participants import fence_drafter, fence_ranks
 
 now = time.monotonic
 
@@ -51,6 +52,15 @@ class RetireScheduler(Scheduler):
             "model": str(cfg.model_config.model), "dtype": str(cfg.model_config.dtype),
             "block_size": int(self.block_size), "cache_dtype": str(cfg.cache_config.cache_dtype),
         }
+        # Participants: every worker rank acknowledges every step it finished (retire/participants.py); the step
+        # number rides on the SchedulerOutput. Speculative decoding: drafts proposed/verified per request.
+        from .participants import RankLedger
+        self.retire_world = int(cfg.parallel_config.world_size)
+        self.retire_ranks = RankLedger.from_env() if self.retire_world > 1 else None
+        self.retire_receipt_timeout = 1.0
+        self.retire_step = 0
+        self.retire_spec_enabled = cfg.speculative_config is not None
+        self.retire_spec: dict[str, Counter] = {}
 
     # EngineCore's utility dispatch evaluates `getattr(engine, "scheduler") and ...`: never be falsy.
     def __bool__(self) -> bool:
@@ -76,8 +86,30 @@ class RetireScheduler(Scheduler):
                 self._closed(req.request_id, t)
         return finished
 
+    def schedule(self, *args, **kwargs):
+        so = super().schedule(*args, **kwargs)
+        self.retire_step += 1
+        so.retire_step = self.retire_step  # pickled to every worker rank with the SchedulerOutput
+        return so
+
+    def _note_spec(self, so, mro) -> None:
+        """Per request: draft tokens verified (`drafted`, -1 padding excluded) and accepted in committed steps."""
+        spec = so.scheduled_spec_decode_tokens
+        sampled = mro.sampled_token_ids
+        for rid, drafts in spec.items():
+            real = sum(1 for t in drafts if t >= 0)
+            idx = mro.req_id_to_index.get(rid)
+            if not real or idx is None or not sampled or rid not in self.requests:
+                continue
+            c = self.retire_spec.setdefault(rid, Counter())
+            c["drafted"] += real
+            c["accepted"] += max(len(sampled[idx]) - 1, 0)
+            c["steps"] += 1
+
     def update_from_output(self, scheduler_output, model_runner_output):
         cut = getattr(model_runner_output, "retire_cut", None)
+        if self.retire_spec_enabled and scheduler_output.scheduled_spec_decode_tokens:
+            self._note_spec(scheduler_output, model_runner_output)
         chunks = [(rid, r.num_computed_tokens - n, n, r.num_prompt_tokens)
                   for rid, n in scheduler_output.num_scheduled_tokens.items() if (r := self.requests.get(rid))]
         outputs = super().update_from_output(scheduler_output, model_runner_output)
@@ -162,8 +194,13 @@ class RetireScheduler(Scheduler):
         if self.retire_mailbox is not None and old_id:
             self.retire_mailbox.clear(old_id)
             self.retire_mailbox.clear_log()
-        res["receipts"] = [{"participant": f"kv-group-{i}", "epoch": expected, "frontier": frontier,
-                            "path": path, "detail": detail} for i in range(len(mgrs))]
+        if self.retire_ranks is None:
+            res["receipts"] = [{"participant": f"kv-group-{i}", "epoch": expected, "frontier": frontier,
+                                "path": path, "detail": detail} for i in range(len(mgrs))]
+        else:
+            frontier, reason = fence_ranks(self, res, old, old_id, expected, frontier, path, detail, reason)
+        if self.retire_spec_enabled:
+            fence_drafter(self, res, old, old_id, expected, frontier, path)
         t2 = now(); timings["fence"] = t2 - t1
 
         # ALIGN
@@ -320,6 +357,8 @@ class RetireScheduler(Scheduler):
             self.retire_meta.pop(rid)
         for rid in [r for r in self.retire_shape.exact if r not in self.requests]:
             self.retire_shape.forget(rid)
+        for rid in [r for r in self.retire_spec if r not in self.requests]:
+            self.retire_spec.pop(rid)
 
     # ------------------------------------------------------------------ out-of-band commands
     def __call__(self, cmd: str, payload: dict | None = None) -> Any:
@@ -348,8 +387,10 @@ class RetireScheduler(Scheduler):
         r = self.requests.get(req_id)
         if r is None:
             return None
+        sc = self.retire_spec.get(req_id, Counter())
         return {"num_computed_tokens": r.num_computed_tokens, "frontier": adapter.writer_frontier(r),
-                "status": str(r.status), "num_tokens": r.num_tokens}
+                "status": str(r.status), "num_tokens": r.num_tokens, "spec_token_ids": len(r.spec_token_ids or ()),
+                "drafted": sc["drafted"], "accepted": sc["accepted"]}
 
     def _cmd_chunk_log(self, req_id: str) -> dict:
         """Exact-mode observability: the (start, tokens) of each prefill chunk the request was scheduled in, and
