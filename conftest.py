@@ -138,3 +138,21 @@ def long8k(device, pool):
         yield h
         h.run(h.base.backend.sched("set_step_tokens", {"tokens": None}))
         h.run(h.base.backend.sched("set_closure", {"enabled": True}))
+
+
+@pytest.fixture
+def spec(device, pool):
+    """ngram speculative decoding (3 draft tokens) on the unit model; its oracle has the same speculative config."""
+    yield from _harness(pool, "unit-spec")
+
+
+@pytest.fixture
+def hybrid(device, pool):
+    """Two KV groups: the Gemma3-shaped model (sliding window 128 + full attention)."""
+    yield from _harness(pool, "hybrid")
+
+
+@pytest.fixture
+def tp2(device, pool):
+    """Tensor parallel 2 (mp executor, one rank per core); its oracle is a stock TP=2 engine."""
+    yield from _harness(pool, "unit-tp2")
