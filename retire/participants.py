@@ -158,4 +158,5 @@ def fence_drafter(sched, res: dict, old, old_id: str | None, expected: int, fron
     sc = sched.retire_spec.get(old_id, {}) if old_id else {}
     res["receipts"].append({"participant": "drafter", "epoch": expected, "frontier": frontier, "path": path,
                             "detail": {"pending_drafts": len(old.spec_token_ids or ()) if old is not None else 0,
+                                       "num_tokens": int(old.num_tokens) if old is not None else 0,
                                        "drafted": sc.get("drafted", 0), "accepted": sc.get("accepted", 0)}})
