@@ -75,3 +75,18 @@ async def wait_engine(eng, scope: str, *, frontier: int | None = None, out_token
         if (frontier is None or st["frontier"] >= frontier) and (
                 out_tokens is None or st["num_tokens"] - len(v.prompt) >= out_tokens):
             return st
+
+
+async def wait_drafts(eng, scope: str, *, accepted: int = 1, out_tokens: int = 0, epoch: int | None = None,
+                      tenant: str = "default") -> dict | None:
+    """Barrier for speculative decoding: return once the version has had draft tokens verified with >= `accepted` of
+    them accepted (counted by RetireScheduler when it commits the step) and has generated >= `out_tokens` tokens, or
+    None once it left the scheduler. Like `wait_engine`, every poll is answered between two engine steps."""
+    s = eng.table.get(tenant, scope)
+    v = s.versions[s.epoch if epoch is None else epoch]
+    while True:
+        st = await eng.backend.sched("request_state", {"req_id": v.internal_id})
+        if st is None:
+            return None
+        if st.get("accepted", 0) >= accepted and st["num_tokens"] - len(v.prompt) >= out_tokens:
+            return st
