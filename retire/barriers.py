@@ -57,6 +57,24 @@ class LandInStep:
                 raise TimeoutError(f"revocation of {req_id} never posted")
             await asyncio.sleep(0.001)
 
+    async def next_step(self, layer: int = 0, timeout: float = 300.0) -> None:
+        """From a pause at layer > `layer` of one step, move the hold to `layer` of the NEXT armed step: release,
+        wait until the worker has left the pause (its own acknowledgement), re-arm, and wait until it is held again.
+        The current step has already passed `layer`, so the new hold can only land in a later step."""
+        import asyncio
+        import time
+        if self.layer <= layer:
+            raise ValueError(f"the hold is at layer {self.layer}; next_step({layer}) could land in the same step")
+        self.mb.release()
+        t0 = time.monotonic()
+        while self.mb.paused():
+            if time.monotonic() - t0 > timeout:
+                raise TimeoutError("worker never left the pause")
+            await asyncio.sleep(0.001)
+        self.layer = layer
+        self.mb.arm_pause(layer)
+        await self.paused(timeout)
+
     async def __aexit__(self, *exc) -> None:
         self.mb.release()
 

@@ -1,0 +1,165 @@
+"""What retire costs when nothing is revised (issue #4: armed guards; issue #6 / paper Table 11: retire vs stock vLLM).
+
+Two benchmarks, each pairing its arms trial by trial in one run (arm order alternating), on the `long` model with the
+`long` shape (prefill unit 2048, so a 1K prompt is one armed step and a 4K prompt two):
+
+1. Armed guards: the same "retire" facade with per-layer safe points ARMED (min_tokens 1024: every prefill step of the
+   workload is armed, every layer reads the mailbox) vs UNARMED (min_tokens above any step). Decode steps are one
+   token and never armed; the 128-token decode is in the figure to show it pays nothing.
+2. Retire vs stock: the retire policy on RetireScheduler + RetireWorkerExtension (gates, generation counters, armed
+   safe points, the epoch check at dequeue) vs a stock vLLM AsyncLLM with the same execution shape (vLLM's own
+   scheduler and worker). Concurrency 1 (1K and 4K prompts) and a mixed batch of 8 concurrent requests (1K and
+   256-token prompts alternating). The stock engine is also the oracle: every retire output must equal it exactly.
+
+Metric: submit -> last token (per request; for the batch, the makespan), plus time to first token for
+concurrency 1. Reported: medians, [min, max], per-pair ratios (subject / reference) with a percentile bootstrap 95%
+interval of the median ratio (2000 resamples, seed 0). Nothing is asserted about timings.
+"""
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+
+import pytest
+from vllm import SamplingParams
+
+from conformance.fixtures.prompts import repo_prompt
+from oracles import collect, compare_tokens
+from perf.common import Paired, bootstrap_ci, summary
+from retire.demo import reset_prefix_cache
+
+pytestmark = pytest.mark.bench
+
+SP = SamplingParams(max_tokens=128, temperature=0, ignore_eos=True)
+PAIRS = 12
+UNARMED = 10 ** 9
+
+
+class Timed:
+    def __init__(self, runs, total: float, first: float | None, ok: bool = True, verdict: str = ""):
+        self.runs, self.total, self.first, self.ok, self.verdict = runs, total, first, ok, verdict
+
+
+def _ratio_info(ratios: list[float]) -> dict:
+    ci = bootstrap_ci(ratios, n=2000, seed=0)
+    return {**summary(ratios), "overhead_pct_median": round((statistics.median(ratios) - 1) * 100, 2) if ratios
+            else None, "bootstrap_ci95_of_median": [round(x, 4) for x in ci] if ci else None}
+
+
+async def _retire_batch(eng, prompts, tag: str) -> Timed:
+    await reset_prefix_cache(eng)
+    t0 = time.monotonic()
+    scopes = [f"{tag}-{k}" for k in range(len(prompts))]
+    for s, p in zip(scopes, prompts):
+        await eng.submit(s, p, SP)
+    runs = await asyncio.gather(*(collect(eng, s) for s in scopes))
+    total = time.monotonic() - t0
+    first = runs[0].timings.get("first_frame") if len(runs) == 1 else None
+    return Timed(runs, total, first)
+
+
+async def _stock_batch(stock, prompts) -> Timed:
+    t0 = time.monotonic()
+    runs = await asyncio.gather(*(stock.clean_run(p, SP) for p in prompts))
+    total = time.monotonic() - t0
+    first = runs[0].timings.get("first_frame") if len(runs) == 1 else None
+    return Timed(runs, total, first)
+
+
+async def _set_min_tokens(eng, n: int) -> None:
+    infos = await eng.backend.worker("retire_install_safe_points", n, eng.backend.block_size)
+    assert all(i["active"] for i in infos), infos
+
+
+@pytest.mark.parametrize("prompt_len", [1024, 4096])
+def test_bench_armed_guards_cost(benchmark, facades, pool, prompt_len):
+    fs, oracle = facades("long", "retire")
+    eng = fs["retire"]
+    run = pool.runner.run
+    arms = ("armed", "unarmed")
+    paired = Paired(arms)
+    refs: dict = {}
+
+    async def one(arm: str, prompt, tag: str) -> Timed:
+        await _set_min_tokens(eng, 1024 if arm == "armed" else UNARMED)
+        checks0 = eng.backend.mailbox.count("checks")
+        t = await _retire_batch(eng, [prompt], tag)
+        t.checks = eng.backend.mailbox.count("checks") - checks0
+        v = compare_tokens(subject=t.runs[0], oracle=refs[tuple(prompt)], subject_name=f"retire ({arm})",
+                           oracle_name="stock clean_run")
+        t.ok, t.verdict = bool(v), v.detail
+        return t
+
+    async def pair(i: int, record: bool = True):
+        prompt = repo_prompt(prompt_len, seed=3000 + prompt_len + i)
+        refs[tuple(prompt)] = await oracle.clean_run(prompt, SP)
+        res = {a: await one(a, prompt, f"g{prompt_len}-{i}-{a}") for a in paired.order(i)}
+        if record:
+            paired.add(i, res)
+
+    try:
+        run(pair(-1, record=False))  # untimed warm-up pair
+        benchmark.pedantic(lambda i: run(pair(i)), setup=paired.setup, rounds=PAIRS, iterations=1)
+    finally:
+        run(_set_min_tokens(eng, eng.backend.safe_point_min_tokens))
+    assert paired.rounds, paired.admission()
+    # structural: the armed arm really checked at safe points, the unarmed arm never did
+    assert all(r["armed"].checks > 0 and r["unarmed"].checks == 0 for r in paired.rounds), \
+        [(r["armed"].checks, r["unarmed"].checks) for r in paired.rounds]
+    total, first = (lambda t: t.total), (lambda t: t.first)
+    decode = lambda t: t.total - t.first if t.first is not None else None
+    benchmark.extra_info.update({
+        "paper_metric": "no-revision cost of armed safe points", "model": "long",
+        "workload": f"{prompt_len}-token prefill + 128-token decode, concurrency 1", **paired.admission(),
+        "safe_point_checks_per_request[armed]": summary(paired.values("armed", lambda t: t.checks), 0),
+        **{f"request_latency_s[{a}]": summary(paired.values(a, total)) for a in arms},
+        **{f"ttft_s[{a}]": summary(paired.values(a, first)) for a in arms},
+        "cost_ratio_total[armed/unarmed]": _ratio_info(paired.ratios("armed", "unarmed", total)),
+        "cost_ratio_ttft[armed/unarmed]": _ratio_info(paired.ratios("armed", "unarmed", first)),
+        "cost_ratio_decode[armed/unarmed]": _ratio_info(paired.ratios("armed", "unarmed", decode)),
+    })
+    print(f"\n[armed guards] {prompt_len}: total ratio {benchmark.extra_info['cost_ratio_total[armed/unarmed]']}")
+
+
+WORKLOADS = {
+    "1K-c1": [1024],
+    "4K-c1": [4096],
+    "mixed-8": [1024, 256] * 4,
+}
+
+
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_bench_no_revision_vs_stock_vllm(benchmark, facades, pool, workload):
+    fs, stock = facades("long", "retire")
+    eng = fs["retire"]
+    run = pool.runner.run
+    arms = ("retire", "stock")
+    paired = Paired(arms)
+    lens = WORKLOADS[workload]
+
+    async def pair(i: int, record: bool = True):
+        prompts = [repo_prompt(n, seed=4000 + 97 * i + k) for k, n in enumerate(lens)]
+        res = {}
+        for a in paired.order(i):
+            res[a] = await (_retire_batch(eng, prompts, f"s{workload}-{i}") if a == "retire"
+                            else _stock_batch(stock, prompts))
+        bad = [k for k, (x, y) in enumerate(zip(res["retire"].runs, res["stock"].runs)) if x.tokens != y.tokens]
+        res["retire"].ok = not bad
+        res["retire"].verdict = f"requests {bad} differ from stock vLLM" if bad else "exact vs stock"
+        if record:
+            paired.add(i, res)
+
+    run(pair(-1, record=False))  # untimed warm-up pair
+    benchmark.pedantic(lambda i: run(pair(i)), setup=paired.setup, rounds=PAIRS, iterations=1)
+    assert paired.rounds, paired.admission()
+    total = lambda t: t.total
+    info = {"paper_metric": "no-revision cost: retire policy vs stock vLLM (Table 11)", "model": "long",
+            "workload": workload, "prompt_lens": lens, "decode_tokens": 128, **paired.admission(),
+            **{f"latency_s[{a}]": summary(paired.values(a, total)) for a in arms},
+            "cost_ratio[retire/stock]": _ratio_info(paired.ratios("retire", "stock", total))}
+    if len(lens) == 1:
+        info.update({f"ttft_s[{a}]": summary(paired.values(a, lambda t: t.first)) for a in arms})
+        info["cost_ratio_ttft[retire/stock]"] = _ratio_info(paired.ratios("retire", "stock", lambda t: t.first))
+    benchmark.extra_info.update(info)
+    print(f"\n[vs stock] {workload}: {info['cost_ratio[retire/stock]']}")
