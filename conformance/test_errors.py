@@ -29,7 +29,7 @@ def test_refused_calls_change_nothing(unit, policy):
             (UnsupportedContract, dict(scope="s", expected_epoch=0, prompt_token_ids=prompt,
                                        contract=Contract(mode="bogus"))),
             (UnsupportedContract, dict(scope="s", expected_epoch=0, prompt_token_ids=prompt,
-                                       contract=Contract(dram_tier=True))),
+                                       contract=Contract(dram_tier=True, inherit=False))),
         ]
         for exc, kw in cases:
             with pytest.raises(exc):

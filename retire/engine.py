@@ -88,8 +88,8 @@ class RetireEngine:
             raise UnsupportedContract(f"numerical mode {contract.mode!r} not in {MODES} (or 'ordinary')")
         if c.pin_quota_blocks is not None and c.pin_quota_blocks < 0:
             raise UnsupportedContract("pin_quota_blocks must be >= 0 or None")
-        if c.dram_tier:
-            raise UnsupportedContract("the DRAM tier is not available in this build")
+        if c.dram_tier and not c.inherit:
+            raise UnsupportedContract("dram_tier carries inherited state: it needs inherit=True")
         return c
 
     def _params(self, sampling_params, meta: dict):
@@ -181,6 +181,8 @@ class RetireEngine:
                 ids = [b for g in tr.certificate.block_ids for b in g]
                 digests = (await self.backend.worker("retire_block_digests", ids))[0]
                 tr.certificate = dataclasses.replace(tr.certificate, digests=tuple(digests))
+            from . import dram
+            tr = await dram.after_supersede(self, scope, tenant, epoch, tr, res)  # DRAM tier; stale DRAM copies
         else:
             await self.backend.abort(old.internal_id)
             succ.t_submit = now()

@@ -42,6 +42,8 @@ class RetireScheduler(Scheduler):
         self.retire_gate_enabled = True
         self.retire_held: dict[str, Any] = {}
         self.retire_cut_log: OrderedDict[str, dict] = OrderedDict()
+        from .dram import DramLedger
+        self.retire_dram = DramLedger()  # DRAM-tier handoffs (retire/dram.py)
         from .mailbox import Mailbox
         self.retire_mailbox = Mailbox.from_env()
         self.retire_closure_enabled = True  # test-only switch: False skips writer closure after a cut (negative ctl)
@@ -176,6 +178,9 @@ class RetireScheduler(Scheduler):
         t1 = now(); timings["advance"] = t1 - t0
 
         old = self.requests.get(old_id) if old_id else None
+        if old is not None and self.retire_held.get(scope) is old:
+            self.retire_held.pop(scope)  # the predecessor was still held at a barrier: fenced before it ever ran
+        res["dram_stale"] = self.retire_dram.retire_stale(self, scope)  # a pending DRAM handoff of it is retired
         reason = None
         if old is None or old.is_finished():
             reason = "predecessor not live"
@@ -265,9 +270,15 @@ class RetireScheduler(Scheduler):
         # RESUME: re-validate generations, alias the certified blocks (the successor takes its own reference),
         # admit the successor, then release the handoff pin.
         n_inherit = 0
+        dram_held = False
         if flat:
             if [list(self.retire_gens.of(g)) for g in ids] != gens:
                 reason = "generation mismatch: a certified block was reallocated after ALIGN"
+            elif contract.get("dram_tier"):
+                # DRAM tier (retire/dram.py): the successor is held with an empty table; the handoff pin keeps the
+                # sources until the frontend copied them out, then they are released and restored into fresh blocks.
+                reason = self.retire_dram.hold(self, scope, key, request, per_group, n, meta)
+                dram_held = reason is None
             else:
                 adapter.install_blocks(self, request.request_id, per_group)
                 adopted = adapter.group_blocks(self, request.request_id)
@@ -283,14 +294,14 @@ class RetireScheduler(Scheduler):
             self.retire_counters["inherited_tokens"] += n_inherit
         self.retire_shape.start(request.request_id, n_inherit, min(n_inherit, self.retire_shape.extent(old_id))
                                 if old_id else 0)
-        if hook and hook.get("hold"):
+        if (hook and hook.get("hold")) or dram_held:
             # Test barrier (step-by-step driving): the successor is admitted with its block table installed but
             # not scheduled until `release`, so a test can act between ALIGN and the successor's first step.
             self.requests[request.request_id] = request
             self.retire_held[scope] = request
         else:
             super().add_request(request)
-        if flat:
+        if flat and not dram_held:
             self.retire_pins.release(key)
         t5 = now(); timings["resume"] = t5 - t4
 
@@ -305,10 +316,12 @@ class RetireScheduler(Scheduler):
         res["inherited_tokens"] = n_inherit
         res["timings"] = timings
         res["fence_closed_at"] = t2
-        if n_inherit:
+        if dram_held:
+            res["dram"] = self.retire_dram.result(scope, bool(hook and hook.get("hold")))
+        if n_inherit or dram_held:
             res["certificate"] = {
                 "scope": scope, "tenant": meta.get("tenant", "default"), "from_epoch": expected,
-                "to_epoch": new_epoch, "tokens": n_inherit, "lcp": alignment.lcp, "frontier": frontier,
+                "to_epoch": new_epoch, "tokens": n_inherit or n, "lcp": alignment.lcp, "frontier": frontier,
                 "block_ids": ids, "generations": gens, "fingerprint": self._fingerprint(request),
                 "mode": contract.get("mode", "tolerant"), "digests": None}
         self.retire_counters["supersedes"] += 1
@@ -416,6 +429,14 @@ class RetireScheduler(Scheduler):
         super().add_request(req)
         return True
 
+    def _cmd_dram(self, op: str, **kw) -> dict:
+        """DRAM-tier steps driven by the frontend: offloaded / alloc / install (retire/dram.py)."""
+        return self.retire_dram.command(self, op, **kw)
+
+    def _cmd_scope_epoch(self, scope: str) -> int | None:
+        cur = self.retire_current.get(scope)
+        return None if cur is None else cur[0]
+
     def _cmd_leak_block_for_test(self, block_id: int, undo: bool = False) -> int:
         """Negative controls only: take (or give back) one reference on a block without recording it anywhere,
         the leak the refcount audit must catch."""
@@ -454,6 +475,7 @@ class RetireScheduler(Scheduler):
                                     pins=self.retire_pins.counts(), null_block_id=p.null_block.block_id)
         if self.retire_pins.pins:
             violations.append(f"dangling pins: {sorted(self.retire_pins.pins)}")
+        violations += self.retire_dram.audit(self)
         if self.retire_held:
             violations.append(f"successors still held at a test barrier: {sorted(self.retire_held)}")
         obsolete = [r for r in self.requests if not self._is_current(r)]

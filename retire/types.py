@@ -23,7 +23,8 @@ class Contract:
       shape equals a cold run's, and require bit-identical output.
     - `inherit`: False forces a cold successor.
     - `pin_quota_blocks`: the tenant's handoff-pin quota in blocks (all KV groups counted); None = unlimited, 0 = cold.
-    - `dram_tier`: return capacity through the host DRAM tier (not supported by this build yet: refused).
+    - `dram_tier`: return capacity through the host DRAM tier (retire/dram.py): certified pages are copied to host
+      memory and their blocks released; the successor is restored into fresh blocks with digest and epoch checks.
     - `digests`: record per-page digests in the certificate (costs one worker round trip).
     """
 

@@ -53,6 +53,32 @@ class RetireWorkerExtension:
             blk.copy_(flipped)
         return True
 
+    # DRAM tier (retire/dram.py): a host-side page store in this worker process, keyed by the certificate.
+    def _retire_dram(self):
+        tier = getattr(self, "_retire_dram_tier", None)
+        if tier is None:
+            from .dram import DramTier
+            tier = self._retire_dram_tier = DramTier()
+        return tier
+
+    def retire_dram_put(self, key: str, block_ids: list[int]) -> list[str]:
+        """Copy the blocks' bytes (every layer) into the tier under `key`; returns one digest per page."""
+        return self._retire_dram().put(key, self._retire_kv(), [int(b) for b in block_ids])
+
+    def retire_dram_get(self, key: str, block_ids: list[int]) -> list[str]:
+        """Write the saved pages of `key` into `block_ids`; returns the digests of the blocks as written."""
+        return self._retire_dram().get(key, self._retire_kv(), [int(b) for b in block_ids])
+
+    def retire_dram_corrupt(self, key: str, page: int) -> bool:
+        """Flip every bit of one saved page (all layers): the DRAM page-corruption fault (an involution)."""
+        return self._retire_dram().corrupt(key, int(page))
+
+    def retire_dram_drop(self, key: str) -> bool:
+        return self._retire_dram().drop(key)
+
+    def retire_dram_stats(self) -> dict:
+        return self._retire_dram().stats()
+
     def retire_kv_info(self) -> dict:
         kvs = self._retire_kv()
         return {"layers": len(kvs), "shape": list(kvs[0].shape), "dtype": str(kvs[0].dtype)}

@@ -1,0 +1,73 @@
+"""DRAM-tier faults (retire/dram.py), through the facade's `dram_before_install` hook and the worker extension.
+
+- LateTransfer(scope, epoch): holds the restore of (scope, epoch) after its bytes were written into fresh blocks and
+  before its install, and releases it only once a newer SUPERSEDE has advanced the scope past `epoch` in the frontend
+  AND been applied by the engine (barrier: `eng.wait_epoch`, then one engine poll answered after that ADD; no sleep).
+  A correct tier must reject the install ("late transfer") and free the destination blocks. Heal removes the hook.
+- DramCorruption(scope, pages): flips every bit of the given pages of the scope's offloaded DRAM copy (waiting for
+  restore); the restore must see a digest mismatch and select a cold recompute. Heal flips it back if the copy still exists.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from ..dram import HOOK, pending_transition
+from .base import Fault
+
+
+class LateTransfer(Fault):
+    name = "late-transfer"
+    affects = frozenset({"dram.install"})
+
+    def __init__(self, scope: str, epoch: int, tenant: str = "default"):
+        super().__init__()
+        self.scope, self.epoch, self.tenant = scope, int(epoch), tenant
+        self.held = asyncio.Event()  # set once a transfer is held (the test's barrier for issuing the newer SUPERSEDE)
+        self.released = 0
+
+    async def _hook(self, eng, t) -> None:
+        if (t.scope, t.epoch, t.tenant) != (self.scope, self.epoch, self.tenant) or self.released:
+            return
+        self.held.set()
+        await eng.wait_epoch(self.scope, self.epoch + 1, self.tenant)
+        # The newer SUPERSEDE's ADD and our poll travel the same input queue: a poll that sees the new epoch was
+        # answered after the engine applied it.
+        while (await eng.backend.sched("scope_epoch", {"scope": t.engine_scope}) or 0) <= self.epoch:
+            pass
+        self.released += 1
+
+    async def inject(self, target) -> None:
+        target.hooks.setdefault(HOOK, []).append(self._hook)
+        await super().inject(target)
+
+    async def heal(self) -> None:
+        hooks = self.target.hooks.get(HOOK, [])
+        if self._hook in hooks:
+            hooks.remove(self._hook)
+        await super().heal()
+
+
+class DramCorruption(Fault):
+    name = "dram-corruption"
+    affects = frozenset({"dram.page"})
+
+    def __init__(self, scope: str, pages=(0,), tenant: str = "default"):
+        super().__init__()
+        self.scope, self.pages, self.tenant = scope, [int(p) for p in pages], tenant
+        self.key: str | None = None
+
+    async def inject(self, target) -> None:
+        tr = pending_transition(target, self.scope, self.tenant)
+        if tr is None:
+            raise ValueError(f"scope {self.scope!r} has no offloaded DRAM handoff waiting for restore")
+        self.key = tr.extra["dram"]["key"]
+        await super().inject(target)
+        for p in self.pages:
+            flipped = await target.backend.worker("retire_dram_corrupt", self.key, p)
+            if not all(flipped):
+                raise RuntimeError(f"DRAM copy {self.key!r} vanished before it could be corrupted")
+
+    async def heal(self) -> None:
+        for p in self.pages:  # an involution; a no-op once the copy was dropped
+            await self.target.backend.worker("retire_dram_corrupt", self.key, p)
+        await super().heal()
