@@ -252,6 +252,10 @@ class RetireScheduler(Scheduler):
                                   f"evicted by the predecessor")
                         per_group = [[] for _ in mgrs]
                         break
+                if reason is None:  # blocks before the window may still be live in the old table: never certify them
+                    null = adapter.pool(self).null_block
+                    per_group = [[null] * f + g[f:] for g, m in zip(per_group, mgrs)
+                                 for f in [adapter.first_needed_block(m, n)]]
             if reason is not None:
                 per_group = [[] for _ in mgrs]
         flat = [b for g in per_group for b in g if not b.is_null]
