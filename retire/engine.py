@@ -170,7 +170,11 @@ class RetireEngine:
                     and self.test_switches.get("safe_points", True):
                 # mailbox first: a step of the old version running right now sees the revocation at its next
                 # safe point, before the engine loop (blocked on that step) can read the SUPERSEDE.
-                self.backend.mailbox.post(old.internal_id, common_prefix_len(old.prompt, toks), len(toks))
+                # A contract that can inherit nothing (inherit=False, a zero pin quota) makes the whole running
+                # chunk obsolete: the cost model then sees lcp 0 and cuts.
+                reusable = contract.inherit and contract.pin_quota_blocks != 0
+                lcp = common_prefix_len(old.prompt, toks) if reusable else 0
+                self.backend.mailbox.post(old.internal_id, lcp, len(toks))
             if self.test_switches.get("gates", True):
                 self.backend.drop_local(old.internal_id)  # gate (b)
             succ.t_submit = now()
