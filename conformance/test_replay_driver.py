@@ -131,3 +131,51 @@ def test_replay_native_and_ideal_arms(unit):
     assert mi["goodput_tok_s"] == pytest.approx(mi["final_goodput_tok_s"])
     assert unit.run(judge_finals(ideal, unit.oracle)), [(r.key, r.verdict) for r in ideal.finals]
     assert unit.run(judge_finals(nat, unit.oracle)), [(r.key, r.verdict) for r in nat.finals]
+
+
+def test_report_renders_replay_table_timeline_and_matrix(tmp_path, capsys):
+    """`retire report` on the keys perf/test_bench_replay.py writes: the Table 9 style per-arm table, the ratios, the
+    targets line, the matrix rows and the Figure 6 style PNG; without per-arm metrics no Table 9 section is drawn."""
+    import json
+
+    from retire.report import main
+
+    s = lambda x: {"n": 3, "median": x, "min": x, "max": x}
+    ei = {"paper_metric": "Table 9 / Figure 6: recorded-burst replay", "scenario": "tiny", "time_scale": 10.0,
+          "obsolete_tokens_published[native-prefix]": {"total": 12, "per_trial": [4, 4, 4], **s(4)},
+          "obsolete_tokens_published[retire]": {"total": 0, "per_trial": [0, 0, 0], **s(0)},
+          "final_versions_advanced[retire]": ["3/3", "3/3", "3/3"], "goodput_tokens_per_second[retire]": s(40.5),
+          "goodput_tokens_per_second[native-prefix]": s(38.0), "goodput_ratio[retire/native-prefix]": s(1.066),
+          "targets": {"retire publishes 0 obsolete tokens": True, "goodput >= 5.5x best native (median)": False},
+          "timeline": {"native-prefix": [{"t": 0.0, "current": 0, "obsolete": 0}, {"t": 0.2, "current": 1,
+                                                                                   "obsolete": 1}],
+                       "retire": [{"t": 0.0, "current": 0, "obsolete": 0}, {"t": 0.2, "current": 1, "obsolete": 0}]}}
+    mx = {"replay_matrix": [{"rate": 0.2, "concurrency": 4, "policy": "retire", "quantum": "rate-only",
+                             "goodput_tok_s": 50.1, "admitted": True}],
+          "best_native_quantum": [{"rate": 0.2, "concurrency": 4, "quantum": 64, "goodput_tok_s": 45.0}]}
+    bare = {"timeline": {"x": [{"t": 0.0, "current": 1, "obsolete": 0}]}}
+    doc = {"machine_info": {}, "commit_info": {}, "benchmarks": [
+        {"name": n, "fullname": n, "params": {}, "stats": {}, "extra_info": e}
+        for n, e in (("test_bench_replay_recorded_burst", ei), ("test_bench_replay_rate_matrix", mx), ("bare", bare))]}
+    src = tmp_path / "in.json"
+    src.write_text(json.dumps(doc))
+    assert main([str(src), "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "## Recorded-burst replay (Table 9 style): `test_bench_replay_recorded_burst`" in out
+    assert "| retire | 0 (per trial 0 [0, 0]) | 40.5 [40.5, 40.5] | 3/3, 3/3, 3/3 |" in out
+    assert "| goodput_ratio (retire / native-prefix) | 3 | 1.066 |" in out
+    assert "retire publishes 0 obsolete tokens: met; goodput >= 5.5x best native (median): NOT met" in out
+    assert "## Revision-rate matrix (A.2.2)" in out and "| 0.2 | 4 | retire | rate-only | 50.1 | True |" in out
+    assert out.count("Table 9 style") == 1  # the bare timeline has no per-arm metrics: no table for it
+    png = (tmp_path / "out" / "replay_timeline.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_traces_cli_plan(capsys):
+    import json
+
+    from retire.traces import main
+    assert main(["plan", str(FIXTURE), "--time-scale", "10", "--lead", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["transitions"], out["versions"], out["final_versions"]) == (24, 27, 3)
+    assert out["wall_span_s"] == pytest.approx(7.189049) and sorted(out["transitions_per_scope"].values()) == [8] * 3

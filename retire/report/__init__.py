@@ -22,6 +22,10 @@ Inputs, detected by shape (anything else, or an unreadable file, exits 2 with a 
     replay timeline (Fig. 6) "timeline": {arm: [{"t": s, "current": n, "obsolete": n}, ...]}, or "timeline[arm]":
                             [...], or "timeline": [...] (arm = the benchmark's name): live current and obsolete
                             executions over time                                       -> table + replay_timeline.png
+                            With per-arm replay metrics (`metric[arm]`, perf/test_bench_replay.py) it also gets a
+                            Table 9 style per-arm table, the per-pair ratios and the recorded "targets" verdicts.
+    revision-rate matrix    "replay_matrix": [{rate, concurrency, policy, quantum, ...}] (+ "best_native_quantum")
+                            (paper A.2.2)                                              -> the rows as recorded
     FENCE at step boundary "fence_latency_s[arm]"; successor TTFT "successor_ttft_s[arm]"; no-revision cost
                             "no_revision_cost_ratio[a/b]"; obsolete tokens "obsolete_tokens_published[arm]"
                                                                                       -> per-arm + per-pair ratio tables

@@ -15,7 +15,7 @@ from .fmt import cell, is_summary, md, med, num
 
 KEYED = re.compile(r"^(?P<metric>[^\[\]]+)\[(?P<key>[^\[\]]+)\]$")
 META = ("paper_metric", "scenario", "model", "note", "rounds_run", "rounds_admitted", "trials_rejected", "verdicts",
-        "trials_per_arm", "calibrated_step_s")
+        "trials_per_arm", "calibrated_step_s", "trace", "time_scale", "timeline_round")
 HIDDEN = ("rejections", "arm_order", "landing_fractions")
 # detection priority (the TTFT benchmark also records fence_latency_s[arm], so it must be recognised first)
 FAMILIES = (("successor_ttft_s[", "Successor TTFT"), ("no_revision_cost_ratio[", "No-revision cost"),
@@ -30,6 +30,8 @@ def family(ei: dict) -> str:
         return "fence_unit"
     if "churn_curve" in ei or ("churn_fraction" in ei and any(k.startswith("retained_tokens_") for k in ei)):
         return "churn"
+    if isinstance(ei.get("replay_matrix"), list):
+        return "replay_matrix"
     if "timeline" in ei or any(k.startswith("timeline[") for k in ei):
         return "timeline"
     for prefix, title in FAMILIES:
@@ -128,6 +130,32 @@ def timelines(bs: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
+def replay_sections(groups: dict) -> list[str]:
+    """Table 9 style: per-arm replay metrics (`metric[arm]`) and per-pair ratios of every timeline benchmark that has
+    them, its recorded target verdicts; then the A.2.2 revision-rate matrix rows (`replay_matrix`) as recorded."""
+    lines = []
+    for b in groups.get("timeline", []):
+        ei = b["extra_info"]
+        tabs = arm_tables(ei)
+        if not tabs:
+            continue
+        lines += [f"## Recorded-burst replay (Table 9 style): {label(b)}", ""] + ([context(ei), ""] if context(ei) else [])
+        lines += [x for t in tabs for x in (t, "")]
+        if isinstance(ei.get("targets"), dict) and ei["targets"]:
+            lines += ["Targets: " + "; ".join(f"{k}: {'met' if v is True else 'NOT met' if v is False else cell(v)}"
+                                              for k, v in ei["targets"].items()), ""]
+    for b in groups.get("replay_matrix", []):
+        ei = b["extra_info"]
+        rows = [{k: cell(v) for k, v in r.items()} for r in ei["replay_matrix"] if isinstance(r, dict)]
+        lines += [f"## Revision-rate matrix (A.2.2): {label(b)}", ""] + ([context(ei), ""] if context(ei) else [])
+        lines += [md(pd.DataFrame(rows)) if rows else "_no matrix rows_", ""]
+        best = [r for r in ei.get("best_native_quantum") or [] if isinstance(r, dict)]
+        if best:
+            lines += ["Goodput-optimal native quantum per cell:", "",
+                      md(pd.DataFrame([{k: cell(v) for k, v in r.items()} for r in best])), ""]
+    return lines
+
+
 def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
@@ -150,6 +178,7 @@ def report(doc: dict, out: Path) -> list[str]:
     if pts:
         df = pd.DataFrame([{k: cell(v) for k, v in p.items()} for p in pts])
         lines += ["## Retained prefix tokens under churn", "", md(df.rename(columns=figures.CHURN_LABELS)), ""]
+    lines += replay_sections(groups)
     tls = timelines(groups.get("timeline", []))
     if tls:
         df = pd.DataFrame([{"arm": a, "samples": len(ps), "t span (s)": f"{num(ps[0]['t'])} .. {num(ps[-1]['t'])}",

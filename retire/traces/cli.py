@@ -6,6 +6,9 @@
   the extraction report as JSON.
 * ``window PATH --seconds 120`` prints the densest window's statistics as JSON; ``PATH`` is
   an ``extract`` CSV or a replay ``.jsonl``.
+* ``plan PATH --time-scale 10 --lead 2`` prints the replay schedule the driver
+  (:mod:`.driver`, perf/test_bench_replay.py) would issue for ``PATH``: versions, final
+  versions, wall span after compression, transitions per scope.
 
 Every command prints one JSON object on stdout and returns 0 on success.
 """
@@ -58,7 +61,25 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("path", help="extract CSV or replay .jsonl")
     w.add_argument("--seconds", type=float, default=120.0)
     w.add_argument("--burst-gap", type=float, default=DEFAULT_BURST_GAP)
+    p = sub.add_parser("plan", help="replay schedule of a trace (retire.traces.driver)")
+    p.add_argument("path", help="extract CSV or replay .jsonl")
+    p.add_argument("--time-scale", type=float, default=10.0, help="trace seconds per wall second")
+    p.add_argument("--lead", type=float, default=2.0, help="trace seconds from task start to first transition")
     return ap
+
+
+def replay_plan_summary(path: str | Path, time_scale: float, lead: float) -> dict:
+    """The driver's schedule for a trace file, summarized (no engine needed)."""
+    from .driver import Workload, plan, trace_arrivals
+
+    arrivals = trace_arrivals(read_transitions(path))
+    ps = plan(arrivals, Workload(time_scale=time_scale, lead_s=lead))
+    per_scope: dict[str, int] = {}
+    for _, s in arrivals:
+        per_scope[s] = per_scope.get(s, 0) + 1
+    return {"path": str(path), "time_scale": time_scale, "lead_s": lead, "transitions": len(arrivals),
+            "versions": len(ps), "final_versions": sum(p.final for p in ps),
+            "wall_span_s": round(max((p.t for p in ps), default=0.0), 6), "transitions_per_scope": per_scope}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -75,6 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         df, report = extract_transitions(args.paths, max_gap=args.max_gap)
         write_transitions_csv(df, args.out)
         out = {"out": args.out, **report.summary()}
+    elif args.cmd == "plan":
+        out = replay_plan_summary(args.path, args.time_scale, args.lead)
     else:
         out = densest_window(read_transitions(args.path), args.seconds, args.burst_gap).summary()
     json.dump(out, sys.stdout, indent=2)
