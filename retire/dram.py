@@ -51,7 +51,7 @@ class DramTier:
         import torch
         h = hashlib.sha256()
         for t in layers:
-            h.update(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+            h.update(t.contiguous().view(-1).view(torch.uint8).numpy())  # buffer protocol: no copy
         return h.hexdigest()
 
     def put(self, key: str, kvs, block_ids: list[int]) -> list[str]:
