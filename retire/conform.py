@@ -17,6 +17,8 @@ GUARANTEES = {
     "test_publication": "current-version publication",
     "test_handoff": "versioned handoff",
     "test_page_fault": "handoff: page-fault positive control",
+    "test_dram": "path: DRAM tier (offload, restore, late transfer, digest mismatch)",
+    "test_churn": "path: churn (certified prefix kept through HBM pin and DRAM tier)",
     "test_isolation": "retired-state isolation",
     "test_long_prefill": "path: long prefill",
     "test_chains": "path: revision chains",
