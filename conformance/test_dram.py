@@ -193,3 +193,16 @@ def test_dram_digest_mismatch_selects_cold(churn, verify):
         v = compare_tokens(subject=new, oracle=ref, subject_name="successor on corrupted DRAM pages",
                            oracle_name="clean_prefix_run[:512]")
         assert v.valid is False, "the oracle must catch corrupted restored pages: " + v.detail
+
+
+def test_dram_faults_declare_and_compose():
+    """Each DRAM fault names the operation it breaks; two faults on the same operation conflict at composition."""
+    from retire.faults import FaultConflict, compose
+    from retire.faults.churn import Churn
+
+    assert LateTransfer("a", 1).affects == {"dram.install"} and DramCorruption("a").affects == {"dram.page"}
+    compose(LateTransfer("a", 1), DramCorruption("a"), Churn(1.1))  # distinct operations: fine
+    with pytest.raises(FaultConflict):
+        compose(LateTransfer("a", 1), LateTransfer("b", 2))
+    with pytest.raises(FaultConflict):
+        compose(DramCorruption("a", pages=[0]), DramCorruption("a", pages=[1]))

@@ -197,6 +197,10 @@ class DramLedger:
         sched.retire_pins.release(_pin_key(key))
         sched._cmd_release(scope)  # admit the held successor (restored, or cold with an empty table)
         sched.retire_counters["dram_restored" if ok else "dram_cold"] += 1
+        if ok:  # RESUME counted the held successor as cold; it inherited after all
+            c = sched.retire_counters
+            c["cold"], c["inherited"], c["inherited_tokens"] = c["cold"] - 1, c["inherited"] + 1, \
+                c["inherited_tokens"] + p.tokens
         return {"accepted": bool(ok), "late": False, "inherited_tokens": p.tokens if ok else 0,
                 "cold_reason": None if ok else reason}
 
@@ -295,6 +299,9 @@ async def _finish(eng, tr, info: dict, r: dict, t0: float) -> dict:
         info["state"] = "restored"
         tr.inherited_tokens, tr.cold_reason = int(r["inherited_tokens"]), None
         eng.counters["dram_restored"] += 1
+        c = eng.counters  # the facade counted the held successor as cold at SUPERSEDE; it inherited after all
+        c["cold"], c["inherited"] = c["cold"] - 1, c["inherited"] + 1
+        c["inherited_tokens"] += tr.inherited_tokens
     elif r.get("late"):
         info["state"] = "rejected"
         tr.inherited_tokens, tr.cold_reason = 0, r.get("reason")
