@@ -49,18 +49,23 @@ class ChunkShape:
     """Exact-mode provenance (engine side, no vLLM imports).
 
     Invariant: `extent(rid)` is a length L such that the request's KV for tokens [0, L) was written in a cold run's
-    execution shape: full prefill chunks of `chunk` tokens starting at multiples of `chunk`, from position 0 (or
-    inherited from a predecessor whose own extent covered it). A full chunk fills the whole step budget, so it ran
-    alone, as a cold run's chunk does. Partial chunks, decode steps, prefix-cache hits of unknown provenance and
-    recomputation after a rollback end the extent; it never grows past a gap. Under the "exact" contract ALIGN
-    certifies at most `extent(old)` tokens, so a certified prefix is bit-identical to what a cold run writes.
-    `log(rid)` keeps the (start, tokens) of each observed prefill chunk, for tests to check the successor's shape.
+    execution shape: full prefill chunks of `chunk` tokens starting at multiples of `chunk`, from position 0. A full
+    chunk fills the whole step budget, so it ran alone, as a cold run's chunk does, and the KV of its tokens depends
+    only on the tokens before them. The prefix may also come from a predecessor (its extent, via `start`) or from a
+    prefix-cache hit whose every block is marked cold-shaped: a block is marked with its generation when a full aligned
+    chunk writes it, so a reallocated block (new generation) is never taken for a marked one. Partial chunks, decode
+    steps, hits on unmarked blocks and recomputation after a rollback end the extent; it never grows past a gap.
+    Under the "exact" contract ALIGN certifies at most `extent(old)` tokens, so a certified prefix is bit-identical to
+    what a cold run writes. `log(rid)` keeps the (start, tokens) of each observed prefill chunk, for tests.
+
+    `tables`: per KV group, (block size, [(block id, generation, is_null), ...]) of the request's block table.
     """
 
     def __init__(self, chunk: int, max_requests: int = 1024, max_chunks: int = 64):
         self.chunk = int(chunk)
         self.exact: dict[str, int] = {}
         self.open: dict[str, bool] = {}
+        self.cold: dict[int, int] = {}  # block id -> generation in which a full aligned chunk wrote it
         self.chunks: "OrderedDict[str, list[tuple[int, int]]]" = OrderedDict()
         self.max_requests, self.max_chunks = max_requests, max_chunks
 
@@ -71,9 +76,15 @@ class ChunkShape:
         self.exact[rid] = e
         self.open[rid] = e == int(inherited)
 
-    def observe(self, rid: str, start: int, n: int, prompt_len: int) -> None:
+    def needs_tables(self, rid: str, n: int) -> bool:
+        return n == self.chunk or rid not in self.exact
+
+    def observe(self, rid: str, start: int, n: int, prompt_len: int, tables=None) -> None:
         if rid not in self.exact:
             self.start(rid)
+            if start > 0:  # a prefix-cache hit: cold-shaped only as far as its blocks are marked
+                self.exact[rid] = min(self._marked_prefix(tables or []), start)
+                self.open[rid] = self.exact[rid] == start
         if start < prompt_len:
             log = self.chunks.setdefault(rid, [])
             if len(log) < self.max_chunks:
@@ -87,8 +98,23 @@ class ChunkShape:
             return
         if start == self.exact[rid] and n == self.chunk and start % self.chunk == 0 and start + n <= prompt_len:
             self.exact[rid] += n
+            for bs, blocks in tables or []:
+                for bid, gen, null in blocks[start // bs:(start + n) // bs]:
+                    if not null:
+                        self.cold[bid] = gen
         else:
             self.open[rid] = False
+
+    def _marked_prefix(self, tables) -> int:
+        if not tables:
+            return 0
+        n = None
+        for bs, blocks in tables:
+            j = 0
+            while j < len(blocks) and (blocks[j][2] or self.cold.get(blocks[j][0]) == blocks[j][1]):
+                j += 1
+            n = j * bs if n is None else min(n, j * bs)
+        return n or 0
 
     def extent(self, rid: str) -> int:
         return self.exact.get(rid, 0)

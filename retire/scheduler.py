@@ -112,14 +112,16 @@ class RetireScheduler(Scheduler):
         cut = getattr(model_runner_output, "retire_cut", None)
         if self.retire_spec_enabled and scheduler_output.scheduled_spec_decode_tokens:
             self._note_spec(scheduler_output, model_runner_output)
-        chunks = [(rid, r.num_computed_tokens - n, n, r.num_prompt_tokens)
+        shape = self.retire_shape
+        chunks = [(rid, r.num_computed_tokens - n, n, r.num_prompt_tokens,
+                   self._shape_tables(rid) if shape.needs_tables(rid, n) else None)
                   for rid, n in scheduler_output.num_scheduled_tokens.items() if (r := self.requests.get(rid))]
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if cut:
             self._close_writers(cut)
-        for rid, start, n, plen in chunks:
+        for rid, start, n, plen, tables in chunks:
             if not (cut and cut["chunks"].get(rid, (0, 0))[1]):
-                self.retire_shape.observe(rid, start, n, plen)
+                shape.observe(rid, start, n, plen, tables)
         if self.retire_gate_enabled:
             for eco in outputs.values():
                 if eco.outputs:
@@ -130,6 +132,11 @@ class RetireScheduler(Scheduler):
         if len(self.retire_meta) > len(self.requests):
             self._prune()
         return outputs
+
+    def _shape_tables(self, rid: str) -> list:
+        gen = self.retire_gens.gen
+        return [(m.block_size, [(b.block_id, gen[b.block_id], b.is_null) for b in m.req_to_blocks.get(rid, ())])
+                for m in adapter.managers(self)]
 
     def _close_writers(self, cut: dict) -> None:
         """Writer closure after a step cut short at a safe point: every cut request returns to the start of its
