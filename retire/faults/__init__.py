@@ -2,8 +2,10 @@
 from .base import Composite, Fault, FaultConflict, compose
 from .consumer import LateCompletion, SlowConsumer
 from .kv import ForgedTenant, GenerationRace, PageCorruption
+from .load import CoTenantLoad
+from .numeric import UlpNoise
 from .participants import DropRankReceipt
 from .revocation import StuckRevocation
 
 __all__ = ["Fault", "Composite", "FaultConflict", "compose", "SlowConsumer", "LateCompletion", "PageCorruption",
-           "GenerationRace", "ForgedTenant", "StuckRevocation", "DropRankReceipt"]
+           "GenerationRace", "ForgedTenant", "StuckRevocation", "DropRankReceipt", "CoTenantLoad", "UlpNoise"]
