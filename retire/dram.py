@@ -178,7 +178,8 @@ class DramLedger:
 
     def _op_install(self, sched, scope: str, epoch: int, key: str, ok: bool, reason: str | None = None) -> dict:
         p = self.pending.get(scope)
-        valid = p is not None and p.key == key and p.epoch == epoch and p.state == "transfer" and self._current(sched, p)
+        valid = (p is not None and p.key == key and p.epoch == epoch and p.state == "transfer"
+                 and self._current(sched, p))
         if not valid:
             # late transfer: its epoch was retired by a newer SUPERSEDE; free the destination, install nothing
             freed = sched.retire_pins.release(_pin_key(key))

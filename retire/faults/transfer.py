@@ -5,7 +5,8 @@
   AND been applied by the engine (barrier: `eng.wait_epoch`, then one engine poll answered after that ADD; no sleep).
   A correct tier must reject the install ("late transfer") and free the destination blocks. Heal removes the hook.
 - DramCorruption(scope, pages): flips every bit of the given pages of the scope's offloaded DRAM copy (waiting for
-  restore); the restore must see a digest mismatch and select a cold recompute. Heal flips it back if the copy still exists.
+  restore); the restore must see a digest mismatch and select a cold recompute. Heal flips it back if the copy still
+  exists.
 """
 from __future__ import annotations
 
