@@ -111,7 +111,8 @@ def test_bench_fence_per_path(benchmark, facades, runner, path):
         benchmark.extra_info["drafted_at_call[retire]"] = summary([t.drafted for t in retire], nd=0)
     if key == "unit-tp2":
         parts = [{r.participant for r in t.transition.receipts} for t in retire]
-        benchmark.extra_info["every_rank_receipt[retire]"] = f"{sum(p == {'rank-0/kv-group-0', 'rank-1/kv-group-0'} for p in parts)}/{len(parts)}"
+        full = sum(p == {"rank-0/kv-group-0", "rank-1/kv-group-0"} for p in parts)
+        benchmark.extra_info["every_rank_receipt[retire]"] = f"{full}/{len(parts)}"
     benchmark.extra_info["verdicts"] = sorted({t.verdict for r in paired.rounds for t in r.values()})
     print(f"\n[{path}] " + " ".join(f"{k}={v}" for k, v in benchmark.extra_info.items() if k != "rejections"))
     assert sum(paired.values("retire", lambda t: t.obsolete, admitted_only=False)) == 0
