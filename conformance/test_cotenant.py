@@ -82,7 +82,7 @@ async def scenario(h, *, bursts: int = 3, per_burst: int = 4, corrupt: bool = Fa
             before = await frozen_blocks(eng, load.decoding())
             fault = None
             if corrupt and b == bursts - 1:
-                victim = max(before, key=lambda s: int(s[4:]))  # the newest decoding B request: most tokens left
+                victim = max(before, key=lambda s: load.live[s].t_submit)  # the newest: most tokens left
                 fault = PageCorruption([before[victim][1][-1]])
                 await fault.inject(eng)
                 corruption = victim

@@ -1,6 +1,6 @@
 """Co-tenant load: another tenant keeps decoding on the same engine while the scope under test is superseded.
 
-- CoTenantLoad(tenant, rate): submits a stream of requests of `tenant` (new scopes "load<k>") at `rate` arrivals per
+- CoTenantLoad(tenant, rate): submits a stream of requests of `tenant` (new scopes "load<n>.<k>") at `rate` arrivals per
   second, at most `max_live` alive at once (an arrival finding the cap reached is skipped and counted), and consumes
   every frame with its dequeue time. Pacing arrivals IS the fault (the arrival process), the only sleep here; barriers
   (`running()`, `produced(n)`) wait on frames, never on time. Heal stops arrivals and lets every started request run
@@ -17,6 +17,7 @@ consecutive frames that span it).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
@@ -42,6 +43,7 @@ class LoadRun:
 
 class CoTenantLoad(Fault):
     name = "cotenant-load"
+    _instances = itertools.count()
 
     def __init__(self, tenant: str = "B", rate: float = 4.0, *, prompt_len: int = 288, max_tokens: int = 96,
                  max_live: int = 3, seed: int = 0, logprobs: int = 5):
@@ -60,6 +62,8 @@ class CoTenantLoad(Fault):
         self._stop: asyncio.Event | None = None
         self._progress: asyncio.Condition | None = None
         self._k = 0
+        self._n = next(self._instances)  # scope names are unique per load, so loads can follow each other on a facade
+        self.error: BaseException | None = None
 
     # ------------------------------------------------------------------ fault protocol
     async def inject(self, target) -> None:
@@ -93,20 +97,26 @@ class CoTenantLoad(Fault):
         return [int(t) for t in np.random.default_rng(self.seed + k).integers(3, vocab, size=self.prompt_len)]
 
     async def _arrivals(self, eng) -> None:
-        while not self._stop.is_set():
-            if len(self.live) < self.max_live:
-                await self._start(eng)
-            else:
-                self.skipped += 1
-            try:  # the arrival process: this wait IS the fault's pacing, not a synchronisation
-                await asyncio.wait_for(self._stop.wait(), 1.0 / self.rate)
-            except asyncio.TimeoutError:
-                pass
+        try:
+            while not self._stop.is_set():
+                if len(self.live) < self.max_live:
+                    await self._start(eng)
+                else:
+                    self.skipped += 1
+                try:  # the arrival process: this wait IS the fault's pacing, not a synchronisation
+                    await asyncio.wait_for(self._stop.wait(), 1.0 / self.rate)
+                except asyncio.TimeoutError:
+                    pass
+        except BaseException as e:  # a dead arrival process must fail the barriers, not hang them
+            self.error = e
+            async with self._progress:
+                self._progress.notify_all()
+            raise
 
     async def _start(self, eng) -> None:
         k = self._k
         self._k += 1
-        scope = f"load{k}"
+        scope = f"load{self._n}.{k}"
         prompt = self.prompt(k)
         t = now()
         await eng.submit(scope, prompt, self._params(), tenant=self.tenant)
@@ -136,15 +146,19 @@ class CoTenantLoad(Fault):
     def produced_tokens(self) -> int:
         return sum(r.tokens for r in self.live.values()) + sum(r.tokens for r in self.runs)
 
+    async def _until(self, cond) -> None:
+        async with self._progress:
+            await self._progress.wait_for(lambda: self.error is not None or cond())
+        if self.error is not None:
+            raise RuntimeError(f"{self.name}: the arrival process died: {self.error!r}") from self.error
+
     async def produced(self, n: int) -> None:
         """Return once the load's streams have delivered at least `n` tokens in total."""
-        async with self._progress:
-            await self._progress.wait_for(lambda: self.produced_tokens >= n)
+        await self._until(lambda: self.produced_tokens >= n)
 
     async def running(self) -> None:
         """Return once some request of the load is decoding (delivered a frame)."""
-        async with self._progress:
-            await self._progress.wait_for(lambda: any(r.frames for r in self.live.values()))
+        await self._until(lambda: any(r.frames for r in self.live.values()))
 
     def decoding(self) -> dict[str, LoadRun]:
         """Live requests that have delivered at least one frame (their prompt KV is written)."""
