@@ -21,8 +21,8 @@ Invariants of the measurement (what every figure means):
   at their arrival times (every revision costs nothing).
 - Cleanup latency = `Transition.fence_latency` (SUPERSEDE call -> the predecessor's last writer closed, engine side).
 - The live-execution timeline is exact, not sampled: a version is live from its admission until the engine closed it
-  (`sched("closed_at")`, or its consumer's finished frame for a natural finish); it counts as *current* until its
-  revocation and as *obsolete* after.
+  (`sched("closed_at")`, or its consumer's finished frame for a natural finish); it counts as *current* from its
+  submission (epoch 0) or its ADVANCE (a successor) until its revocation, and as *obsolete* after.
 - Nothing here judges correctness: `judge_finals` compares each final version with a clean run on a stock oracle
   engine (exact first; else vLLM's logprob-closeness rule, since a replayed final version runs batched with other
   scopes, an execution shape no single clean run reproduces). A trial with a failing final version is not admitted.
@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -196,7 +197,8 @@ class ArmResult:
             closed = r.t_closed if r.t_closed is not None else (r.t_last if r.finished else end)
             if r.t_revoked is not None and r.t_closed is None and r.finished and (r.t_last or 0) <= r.t_revoked:
                 closed = r.t_last  # finished naturally before it was revoked: never live-obsolete
-            ev.append((r.t_call, 0, "current", +1))
+            start = r.t_call if r.transition is None else r.transition.t_call + _advance(r.transition)
+            ev.append((start, 0, "current", +1))  # a successor is current from its ADVANCE
             if r.t_revoked is not None and r.t_revoked < closed:
                 ev += [(r.t_revoked, 1, "current", -1), (r.t_revoked, 1, "obsolete", +1), (closed, 2, "obsolete", -1)]
             else:
@@ -231,7 +233,15 @@ class ArmResult:
             "max_live_obsolete": max(p["obsolete"] for p in tl), "max_live_current": max(p["current"] for p in tl),
             "arrival_lag_s_max": max((r.lag for r in self.records), default=0.0),
             "inherited_tokens_total": sum(int(t.inherited_tokens or 0) for t in trs),
+            "fence_paths": dict(Counter(t.receipts[0].path if t.receipts else "native-abort" for t in trs)),
+            "supersede_call_s_median": statistics.median(adm) if (adm := [t.timings["admit"] for t in trs
+                                                                          if "admit" in t.timings]) else None,
         }
+
+
+def _advance(tr) -> float:
+    """Seconds from the SUPERSEDE call to the frontend's ADVANCE (retire: "advance_frontend"; native: "advance")."""
+    return tr.timings.get("advance_frontend", tr.timings.get("advance", 0.0))
 
 
 class QuantumSelector:
@@ -319,8 +329,7 @@ async def run_arm(eng, arm: str, plans: Sequence[VersionPlan], prompt_of: Prompt
                 prev = recs[(p.scope, p.epoch - 1)]
                 tr = await eng.supersede(r.key, p.epoch - 1, r.prompt, sp)
                 r.transition = tr
-                adv = tr.timings.get("advance_frontend", tr.timings.get("advance", 0.0))
-                prev.t_revoked = tr.t_call + adv
+                prev.t_revoked = tr.t_call + _advance(tr)
             r.internal_id = eng.internal_id(r.key, 0 if ideal else p.epoch)
             consumers.append(asyncio.ensure_future(consume(r)))
 
