@@ -30,6 +30,14 @@ def test_perturbed_logprobs_are_reported():
         assert_logprobs_close(subject=bad, oracle=BASE)
 
 
+@pytest.mark.parametrize("side", ["subject", "oracle"])
+def test_nan_logprob_is_reported(side):
+    nan = Run(tokens=BASE.tokens, logprobs=(-0.1, float("nan"), -0.3, -0.4), top_logprobs=BASE.top_logprobs)
+    a, b = (nan, BASE) if side == "subject" else (BASE, nan)
+    v = compare_logprobs_close(subject=a, oracle=b)
+    assert v.valid is False and "token 1" in v.detail
+
+
 def test_near_tie_divergence_is_tolerated_and_far_divergence_is_not():
     tie = Run(tokens=(5, 6, 11, 3), logprobs=(-0.1, -0.2, -0.3, -9.0),
               top_logprobs=({5: -0.1}, {6: -0.2}, {11: -0.3, 7: -0.31}, {3: -9.0}))

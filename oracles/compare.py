@@ -44,6 +44,7 @@ def compare_logprobs_close(*, subject, oracle, subject_name: str = "subject", or
       that position (a near-tie flipped by one rounding step); the comparison stops there (later tokens are
       conditioned on different histories).
     - Without a divergence, the lengths must match.
+    - A NaN logprob never passes (NaN compares false to every bound).
     Both sides must carry `logprobs` and `top_logprobs` (request SamplingParams(logprobs=k) with k >= 2)."""
     try:
         a, b = _tokens(subject), _tokens(oracle)
@@ -53,7 +54,7 @@ def compare_logprobs_close(*, subject, oracle, subject_name: str = "subject", or
             return Verdict(None, "logprobs missing on one side: request SamplingParams(logprobs=k)")
         for i, (x, y) in enumerate(zip(a, b)):
             if x == y:
-                if abs(la[i] - lb[i]) > atol:
+                if not abs(la[i] - lb[i]) <= atol:  # written so that a NaN on either side fails
                     return Verdict(False, f"token {i} ({x}): {subject_name} logprob {la[i]:.4f} vs {oracle_name} "
                                           f"{lb[i]:.4f} differ by more than atol={atol}")
                 continue
