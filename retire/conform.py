@@ -33,6 +33,14 @@ GUARANTEES = {
     "test_safepoint_model": "safe-point cost model and mailbox",
     "test_report": "report rendering",
     "test_faults": "fault discipline (compose, heal)",
+    "test_spec_decode": "path: speculative decoding (ngram)",
+    "test_hybrid": "path: two KV groups (sliding window + full attention)",
+    "test_tensor_parallel": "path: tensor parallel 2 (every-rank receipts)",
+    "test_exact": "numerical mode: exact (bit-identical) and ordinary",
+    "test_quota_pressure": "pin quota under pressure (zero quota goes cold)",
+    "test_cotenant": "co-tenant load: retired-state isolation under supersede bursts",
+    "test_compiled_fallback": "compiled mode falls back to the step boundary",
+    "test_replay_driver": "trace replay driver",
 }
 
 
