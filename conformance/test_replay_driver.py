@@ -133,6 +133,18 @@ def test_replay_native_and_ideal_arms(unit):
     assert unit.run(judge_finals(nat, unit.oracle)), [(r.key, r.verdict) for r in nat.finals]
 
 
+def test_replay_rate_only_selector_switches_quantum(unit):
+    """The selector lowers the step budget when the observed revision rate crosses its threshold (3 revisions of 2
+    scopes within 10 trace s = 0.15/scope/s here); negative control: with a threshold above that rate it never
+    switches. Both replays stay correct (0 obsolete tokens, every final version advanced)."""
+    for label, threshold, want in (("rq1.", 0.1, [256, 64]), ("rq2.", 10.0, [256])):
+        sel = QuantumSelector(small=64, large=256, threshold=threshold, window_s=10.0)
+        res = unit.run(run_arm(unit.retire, "retire", plan(ARRIVALS, W), _prompts(W, 5), W, label=label, quantum=sel))
+        m = res.metrics()
+        assert [q for _, q in res.quanta][:len(want)] == want and (threshold < 1 or len(res.quanta) == 1), res.quanta
+        assert m["obsolete_tokens_published"] == 0 and m["final_versions_advanced"] == 2, m
+
+
 def test_report_renders_replay_table_timeline_and_matrix(tmp_path, capsys):
     """`retire report` on the keys perf/test_bench_replay.py writes: the Table 9 style per-arm table, the ratios, the
     targets line, the matrix rows and the Figure 6 style PNG; without per-arm metrics no Table 9 section is drawn."""
