@@ -342,10 +342,9 @@ async def run_arm(eng, arm: str, plans: Sequence[VersionPlan], prompt_of: Prompt
             await fault.inject(eng)
         await asyncio.gather(*(scope_task(sorted(vs, key=lambda v: v.epoch)) for vs in by_scope.values()))
         t_last_arrival = now()
-        left = t_last_arrival + w.cleanup_limit_s - now()
         pending = [c for c in consumers if not c.done()]
         if pending:
-            done, pending = await asyncio.wait(pending, timeout=max(left, 0.0))
+            _, pending = await asyncio.wait(pending, timeout=w.cleanup_limit_s)
         for c in pending:  # past the cleanup limit: stop consuming; drain() below consumes the rest unrecorded
             c.cancel()
         await asyncio.gather(*consumers, return_exceptions=True)
