@@ -84,15 +84,8 @@ async def wait_engine(eng, scope: str, *, frontier: int | None = None, out_token
     """Barrier on the engine's own view of a version: return once its writer frontier reaches `frontier` and/or
     it has generated `out_tokens` output tokens, or once it left the scheduler (returns None then). Each poll is
     answered by EngineCore between two steps, so this never sleeps."""
-    s = eng.table.get(tenant, scope)
-    v = s.versions[s.epoch if epoch is None else epoch]
-    while True:
-        st = await eng.backend.sched("request_state", {"req_id": v.internal_id})
-        if st is None:
-            return None
-        if (frontier is None or st["frontier"] >= frontier) and (
-                out_tokens is None or st["num_tokens"] - len(v.prompt) >= out_tokens):
-            return st
+    return await _poll_state(eng, scope, epoch, tenant, lambda st, n_out: (
+        (frontier is None or st["frontier"] >= frontier) and (out_tokens is None or n_out >= out_tokens)))
 
 
 async def wait_drafts(eng, scope: str, *, accepted: int = 1, out_tokens: int = 0, epoch: int | None = None,
@@ -100,11 +93,18 @@ async def wait_drafts(eng, scope: str, *, accepted: int = 1, out_tokens: int = 0
     """Barrier for speculative decoding: return once the version has had draft tokens verified with >= `accepted` of
     them accepted (counted by RetireScheduler when it commits the step) and has generated >= `out_tokens` tokens, or
     None once it left the scheduler. Like `wait_engine`, every poll is answered between two engine steps."""
+    return await _poll_state(eng, scope, epoch, tenant,
+                             lambda st, n_out: st.get("accepted", 0) >= accepted and n_out >= out_tokens)
+
+
+async def _poll_state(eng, scope: str, epoch: int | None, tenant: str, done) -> dict | None:
+    """Poll the engine's view of one version (`request_state`, answered between two steps) until `done(state,
+    output_tokens)`; None once the version left the scheduler."""
     s = eng.table.get(tenant, scope)
     v = s.versions[s.epoch if epoch is None else epoch]
     while True:
         st = await eng.backend.sched("request_state", {"req_id": v.internal_id})
         if st is None:
             return None
-        if st.get("accepted", 0) >= accepted and st["num_tokens"] - len(v.prompt) >= out_tokens:
+        if done(st, st["num_tokens"] - len(v.prompt)):
             return st

@@ -13,11 +13,10 @@ Invariants:
 """
 from __future__ import annotations
 
-import mmap
-import os
 import struct
 import time
-import uuid
+
+from .shm import SharedFile, create_file
 
 SLOTS = 64
 ID_BYTES = 96
@@ -29,23 +28,11 @@ ENV = "RETIRE_MAILBOX"
 
 
 def create_path() -> str:
-    base = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
-    path = os.path.join(base, f"retire-mailbox-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    with open(path, "wb") as f:
-        f.write(b"\0" * SIZE)
-    return path
+    return create_file("retire-mailbox", SIZE)
 
 
-class Mailbox:
-    def __init__(self, path: str):
-        self.path = path
-        self._f = open(path, "r+b")
-        self.mm = mmap.mmap(self._f.fileno(), SIZE)
-
-    @classmethod
-    def from_env(cls) -> "Mailbox | None":
-        p = os.environ.get(ENV)
-        return cls(p) if p and os.path.exists(p) else None
+class Mailbox(SharedFile):
+    SIZE, ENV = SIZE, ENV
 
     # -- header words
     def _get(self, i: int) -> int:
@@ -165,17 +152,3 @@ class Mailbox:
 
     def clear_log(self) -> None:
         struct.pack_into("<q", self.mm, HDR + SLOTS * SLOT, 0)
-
-    def close(self) -> None:
-        try:
-            self.mm.close()
-            self._f.close()
-        except Exception:  # noqa: BLE001
-            pass
-
-    def unlink(self) -> None:
-        self.close()
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass

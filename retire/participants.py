@@ -16,11 +16,10 @@ Invariants:
 from __future__ import annotations
 
 import json
-import mmap
-import os
 import struct
 import time
-import uuid
+
+from .shm import SharedFile, create_file
 
 ENV = "RETIRE_RANKS"
 MAX_RANKS = 8
@@ -30,23 +29,11 @@ SIZE = MAX_RANKS * SLOT
 
 
 def create_path() -> str:
-    base = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
-    path = os.path.join(base, f"retire-ranks-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    with open(path, "wb") as f:
-        f.write(b"\0" * SIZE)
-    return path
+    return create_file("retire-ranks", SIZE)
 
 
-class RankLedger:
-    def __init__(self, path: str):
-        self.path = path
-        self._f = open(path, "r+b")
-        self.mm = mmap.mmap(self._f.fileno(), SIZE)
-
-    @classmethod
-    def from_env(cls) -> "RankLedger | None":
-        p = os.environ.get(ENV)
-        return cls(p) if p and os.path.exists(p) else None
+class RankLedger(SharedFile):
+    SIZE, ENV = SIZE, ENV
 
     def write(self, rank: int, step: int, frontiers: dict[str, int]) -> None:
         if not 0 <= rank < MAX_RANKS:
@@ -91,14 +78,6 @@ class RankLedger:
             if len(got) == world or time.monotonic() - t0 > timeout:
                 return got
             time.sleep(0.0002)  # a peer process's acknowledgement, bounded by `timeout`
-
-    def unlink(self) -> None:
-        try:
-            self.mm.close()
-            self._f.close()
-            os.unlink(self.path)
-        except OSError:
-            pass
 
 
 class RankRecorder:

@@ -26,6 +26,10 @@ class PageCorruption(Fault):
         for b in self.block_ids:
             self.saved[b] = (await be.worker("retire_read_block", b))[0]
         await super().inject(target)  # mark injected before mutating, so heal runs if a flip fails midway
+        await self._mutate(be)
+
+    async def _mutate(self, be) -> None:
+        """Break the saved pages (here: flip every bit of every layer). Subclasses change only this."""
         for b in self.block_ids:
             await be.worker("retire_xor_block", b, -1)
 

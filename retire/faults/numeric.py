@@ -7,30 +7,23 @@
 """
 from __future__ import annotations
 
-from .base import Fault
+from .kv import PageCorruption
 
 _ELEM = {"torch.bfloat16": 2, "torch.float16": 2, "torch.float32": 4, "torch.float8_e4m3fn": 1,
          "torch.float8_e5m2": 1, "torch.uint8": 1}
 
 
-class UlpNoise(Fault):
+class UlpNoise(PageCorruption):
+    """PageCorruption's save/heal, with a smaller break: every KV element of the pages moves by one unit in the last
+    place (the mantissa LSB flips), the least change a bit-identity check must still see."""
+
     name = "ulp-noise"
-    affects = frozenset({"kv.page"})
 
-    def __init__(self, block_ids: list[int]):
-        super().__init__()
-        self.block_ids = [int(b) for b in block_ids]
-        self.saved: dict[int, list[bytes]] = {}
-
-    async def inject(self, target) -> None:
-        be = target.backend
+    async def _mutate(self, be) -> None:
         info = (await be.worker("retire_kv_info"))[0]
         step = _ELEM.get(info["dtype"])
         if step is None:
             raise ValueError(f"UlpNoise: unknown KV dtype {info['dtype']}")
-        for b in self.block_ids:
-            self.saved[b] = (await be.worker("retire_read_block", b))[0]
-        await super().inject(target)  # injected before mutating: heal restores even if a write fails midway
         for b, layers in self.saved.items():
             noisy = []
             for data in layers:
@@ -39,9 +32,3 @@ class UlpNoise(Fault):
                     buf[i] ^= 1
                 noisy.append(bytes(buf))
             await be.worker("retire_write_block", b, noisy)
-
-    async def heal(self) -> None:
-        be = self.target.backend
-        for b, layers in self.saved.items():
-            await be.worker("retire_write_block", b, layers)
-        await super().heal()
