@@ -67,8 +67,25 @@ def pool(runner):
     from conformance.fixtures.engines import EnginePool
 
     p = EnginePool(runner)
+    _LIVE_POOLS.append(p)
     yield p
+    _LIVE_POOLS.remove(p)
     p.close()
+
+
+_LIVE_POOLS: list = []
+KEEP_ACROSS_MODULES = ("unit",)  # the shape most modules use; every other engine lives for one module at most
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_module_engines():
+    """Memory bound for a full run (24 GiB, ~2.5 GB per engine): at the end of every test module, shut down every
+    subject engine except the shared `unit` one (and its oracle, unless a live subject shares it). A later module
+    that needs a shape again starts it again (~15 s)."""
+    yield
+    for p in _LIVE_POOLS:
+        for key in [k for k in p.subjects if k not in KEEP_ACROSS_MODULES]:
+            p.release(key)
 
 
 class Harness:

@@ -13,7 +13,7 @@ import pytest
 class BenchEngines:
     def __init__(self, pool):
         self.pool = pool
-        self.warmed: set[str] = set()
+        self.warmed: set[tuple[str, int]] = set()
 
     def _evict(self, keep: str) -> None:
         p = self.pool
@@ -34,13 +34,13 @@ class BenchEngines:
         self._evict(key)
         subject = self.pool.subject(key)
         oracle = self.pool.oracle(key)
-        if key not in self.warmed:
+        if (key, id(subject)) not in self.warmed:  # a restarted engine (released at a module end) warms again
             from retire.demo import _oracle_warmup, warm_prefill
 
             # untimed: one full prefill unit on the subject, the logprobs compile on the oracle
             self.pool.runner.run(warm_prefill(subject, subject.backend.chunk))
             self.pool.runner.run(_oracle_warmup(oracle))
-            self.warmed.add(key)
+            self.warmed.add((key, id(subject)))
         return subject, oracle
 
 
