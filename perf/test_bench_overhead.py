@@ -9,7 +9,8 @@ Two benchmarks, each pairing its arms trial by trial in one run (arm order alter
 2. Retire vs stock: the retire policy on RetireScheduler + RetireWorkerExtension (gates, generation counters, armed
    safe points, the epoch check at dequeue) vs a stock vLLM AsyncLLM with the same execution shape (vLLM's own
    scheduler and worker). Concurrency 1 (1K and 4K prompts) and a mixed batch of 8 concurrent requests (1K and
-   256-token prompts alternating). The stock engine is also the oracle: every retire output must equal it exactly.
+   256-token prompts alternating). The stock engine is also the oracle: alone, every retire output must equal it
+   exactly; in the batch (both arms request logprobs=2), by the logprob-closeness rule.
 
 Metric: submit -> last token (per request; for the batch, the makespan), plus time to first token for
 concurrency 1. Reported: medians, [min, max], per-pair ratios (subject / reference) with a percentile bootstrap 95%
@@ -25,13 +26,14 @@ import pytest
 from vllm import SamplingParams
 
 from conformance.fixtures.prompts import repo_prompt
-from oracles import collect, compare_tokens
+from oracles import collect, compare_logprobs_close, compare_tokens
 from perf.common import Paired, bootstrap_ci, summary
 from retire.demo import reset_prefix_cache
 
 pytestmark = pytest.mark.bench
 
 SP = SamplingParams(max_tokens=128, temperature=0, ignore_eos=True)
+SP_BATCH = SamplingParams(max_tokens=128, temperature=0, ignore_eos=True, logprobs=2)
 PAIRS = 12
 UNARMED = 10 ** 9
 
@@ -48,11 +50,12 @@ def _ratio_info(ratios: list[float]) -> dict:
 
 
 async def _retire_batch(eng, prompts, tag: str) -> Timed:
+    sp = SP if len(prompts) == 1 else SP_BATCH
     await reset_prefix_cache(eng)
     t0 = time.monotonic()
     scopes = [f"{tag}-{k}" for k in range(len(prompts))]
     for s, p in zip(scopes, prompts):
-        await eng.submit(s, p, SP)
+        await eng.submit(s, p, sp)
     runs = await asyncio.gather(*(collect(eng, s) for s in scopes))
     total = time.monotonic() - t0
     first = runs[0].timings.get("first_frame") if len(runs) == 1 else None
@@ -61,7 +64,8 @@ async def _retire_batch(eng, prompts, tag: str) -> Timed:
 
 async def _stock_batch(stock, prompts) -> Timed:
     t0 = time.monotonic()
-    runs = await asyncio.gather(*(stock.clean_run(p, SP) for p in prompts))
+    sp = SP if len(prompts) == 1 else SP_BATCH
+    runs = await asyncio.gather(*(stock.clean_run(p, sp) for p in prompts))
     total = time.monotonic() - t0
     first = runs[0].timings.get("first_frame") if len(runs) == 1 else None
     return Timed(runs, total, first)
@@ -144,9 +148,16 @@ def test_bench_no_revision_vs_stock_vllm(benchmark, facades, pool, workload):
         for a in paired.order(i):
             res[a] = await (_retire_batch(eng, prompts, f"s{workload}-{i}") if a == "retire"
                             else _stock_batch(stock, prompts))
-        bad = [k for k, (x, y) in enumerate(zip(res["retire"].runs, res["stock"].runs)) if x.tokens != y.tokens]
+        if len(lens) == 1:  # alone: same execution shape, exact
+            vs = [compare_tokens(subject=x, oracle=y, subject_name="retire", oracle_name="stock")
+                  for x, y in zip(res["retire"].runs, res["stock"].runs)]
+        else:  # batched: the batch composition per step may differ between the engines (CPU kernels are not
+            # batch-invariant), so the logprob-closeness rule applies
+            vs = [compare_logprobs_close(subject=x, oracle=y, subject_name="retire", oracle_name="stock")
+                  for x, y in zip(res["retire"].runs, res["stock"].runs)]
+        bad = [(k, v.detail) for k, v in enumerate(vs) if not v]
         res["retire"].ok = not bad
-        res["retire"].verdict = f"requests {bad} differ from stock vLLM" if bad else "exact vs stock"
+        res["retire"].verdict = f"requests differ from stock vLLM: {bad[:2]}" if bad else "matches stock"
         if record:
             paired.add(i, res)
 
