@@ -98,7 +98,7 @@ def test_bench_interruption_to_successor_by_lcp(benchmark, facades, pool, unit, 
     fs, oracle = facades("long-8k", *ARMS)
     run = pool.runner.run
     step_s = run(_calibrate(fs["retire"], unit))
-    judge = Judge(oracle)
+    judge = Judge(oracle, same_shape=unit <= 2048)  # the oracle engine ("long") prefills in 2048-token chunks
     rng = random.Random(unit * 7 + CASES.index(case))
     paired = Paired(ARMS)
     lcp = lcp_for(case, unit)
