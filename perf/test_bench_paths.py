@@ -1,6 +1,7 @@
 """FENCE latency native vs retire, and inherited tokens, per serving path (issue #5; the paper's Table 10 / Table 6 rows
 on CPU): speculative decoding (revision in the draft-verify prefill, and in active speculative decode after draft
-work was observed), two KV groups (hybrid), tensor parallel 2. The short-step paths (256-token steps) close at the
+work was observed), two KV groups (hybrid), tensor parallel 2, and the contract paths on the unit engine: exact
+numerical mode, a zero pin quota (cold by contract), the DRAM tier (offload + digest-checked restore). The short-step paths (256-token steps) close at the
 step boundary in both arms; `spec-prefill-long` and `hybrid-2k` use 2048-token steps, where retire's in-step safe
 points apply (not with TP=2: ranks would have to cut collectively, so TP engines fence at the step boundary).
 
@@ -22,6 +23,7 @@ from vllm import SamplingParams
 from conformance.fixtures.prompts import repo_prompt, revise, tokens
 from oracles.runs import collect
 from perf.common import Paired, summary
+from retire import Contract
 from retire.barriers import wait_drafts, wait_engine
 from retire.demo import Judge, Trial, reset_prefix_cache
 
@@ -34,7 +36,8 @@ SP_OLD = SamplingParams(max_tokens=96, **GREEDY)
 SP_NEW = SamplingParams(max_tokens=16, logprobs=5, **GREEDY)
 
 
-async def path_trial(eng, scope, prompt, revised, *, frontier=None, drafts=False, out_tokens=None) -> Trial:
+async def path_trial(eng, scope, prompt, revised, *, frontier=None, drafts=False, out_tokens=None,
+                     contract: Contract = Contract()) -> Trial:
     """Submit, wait for the engine-visible moment (writer frontier / drafts accepted / tokens generated), SUPERSEDE,
     collect both versions."""
     await reset_prefix_cache(eng)
@@ -47,7 +50,7 @@ async def path_trial(eng, scope, prompt, revised, *, frontier=None, drafts=False
     else:
         st = await wait_engine(eng, scope, out_tokens=out_tokens, epoch=0)
     before = eng.stats()["obsolete_tokens_published"]
-    tr = await eng.supersede(scope, 0, revised, SP_NEW)
+    tr = await eng.supersede(scope, 0, revised, SP_NEW, contract=contract)
     new = await collect(eng, scope, 1)
     old = await old_task
     t = Trial(eng.policy, scope, eng.stats()["obsolete_tokens_published"] - before, tr.successor_ttft,
@@ -69,6 +72,13 @@ PATHS = {
     "hybrid-2k": ("hybrid-2k", lambda s: tokens(4000, s), lambda p, s: revise(p, 2304, 2560, s),
                   dict(frontier=2048)),
     "tp2": ("unit-tp2", lambda s: tokens(600, s), lambda p, s: revise(p, 560, 580, s), dict(out_tokens=2)),
+    # contract paths on the unit engine (256-token steps), revision mid-prefill; native arms ignore the contract
+    "exact": ("unit", lambda s: tokens(1900, s), lambda p, s: revise(p, 1700, 1800, s),
+              dict(frontier=512, contract=Contract(mode="exact"))),
+    "quota-zero": ("unit", lambda s: tokens(1900, s), lambda p, s: revise(p, 1700, 1800, s),
+                   dict(frontier=512, contract=Contract(pin_quota_blocks=0))),
+    "dram": ("unit", lambda s: tokens(1900, s), lambda p, s: revise(p, 1700, 1800, s),
+             dict(frontier=512, contract=Contract(dram_tier=True))),
 }
 
 
