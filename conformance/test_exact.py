@@ -38,6 +38,17 @@ ORDINARY = [(21, 300), (22, 513)]
 UNALIGNED = [(31, 288), (32, 320), (33, 416), (34, 544), (35, 300), (36, 480)]
 
 
+@pytest.fixture(autouse=True)
+def _empty_prefix_cache(request):
+    """Exact mode certifies only KV written in a cold run's chunk shape; a prefix-cache hit on blocks another module
+    wrote with the same prompt (in another shape) legitimately certifies less. Every case here starts from an empty
+    prefix cache so the expected certified lengths are the cold-shaped ones."""
+    if "unit" in request.fixturenames:
+        h = request.getfixturevalue("unit")
+        assert h.run(h.retire.backend.llm.reset_prefix_cache()), "prefix cache reset refused (blocks in use)"
+    yield
+
+
 def bit_identical(a, b) -> tuple[bool, str]:
     """Exact rule: token ids, sampled-token logprobs and top-k logprobs all equal with `==`."""
     if a.tokens != b.tokens:
