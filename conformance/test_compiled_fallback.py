@@ -108,6 +108,6 @@ def test_compiled_engine_fences_at_the_step_boundary(device, runner):
     try:
         ref = runner.run(oracle.clean_run(revised, sp_new))
     finally:
-        oracle.shutdown()
+        runner.call(oracle.shutdown)
     assert_logprobs_close(subject=new, oracle=ref, subject_name="retire successor (compiled)",
                           oracle_name="clean_run (compiled)")

@@ -21,14 +21,14 @@ class BenchEngines:
             eng = p.subjects.pop(k)
             p.runner.run(eng.close())
             if not eng.backend.closed:  # a facade someone forgot still holds a reference: shut down anyway
-                eng.backend.shutdown()
+                p.runner.call(eng.backend.shutdown)
         try:
             from conformance.fixtures.engines import ORACLE_SHAPE
         except ImportError:
             ORACLE_SHAPE = {}
         keep_oracle = ORACLE_SHAPE.get(keep, keep)  # shapes with equal numerics share one oracle engine
         for k in [k for k in p.oracles if k != keep_oracle]:
-            p.oracles.pop(k).shutdown()
+            p.runner.call(p.oracles.pop(k).shutdown)
 
     def get(self, key: str):
         self._evict(key)
