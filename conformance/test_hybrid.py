@@ -18,23 +18,16 @@ control of the window logic; the full-attention group alone would still hold the
 import asyncio
 from math import lcm
 
-import pytest
 from vllm import SamplingParams
 
 from conformance.fixtures.prompts import revise, tokens
 from oracles import assert_logprobs_close, assert_same_tokens, collect
 from retire.barriers import wait_engine
 
-KEY = "hybrid"
 CHUNK, WINDOW = 256, 128
 SP_OLD = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
 SP_NEW = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=5)
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _release_engines(pool):
-    yield
-    pool.release(KEY)
 
 
 async def _case(h, scope, prompt, revised, *, frontier=None, out_tokens=None):

@@ -25,17 +25,11 @@ from retire.barriers import HoldSuccessor, wait_engine
 from retire.errors import UnsupportedContract
 from retire.faults import DropRankReceipt
 
-KEY = "unit-tp2"
 CHUNK, BLOCK, WORLD = 256, 32, 2
 SP_OLD = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
 SP_NEW = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=5)
 PARTICIPANTS = {f"rank-{r}/kv-group-0" for r in range(WORLD)}
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _release_engines(pool):
-    yield
-    pool.release(KEY)
 
 
 def _judge(tr, new, oracle):
