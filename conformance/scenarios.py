@@ -45,3 +45,16 @@ async def revise_after(eng, scope: str, *, prompt, sp_old, revised, sp_new, afte
     old = await old_task
     return Revision(tr, old, new, eng.stats()["obsolete_tokens_published"] - before)
 
+
+
+async def count_obsolete(eng, scope: str, version, got: dict, *, gated: bool, on_tokens=None) -> None:
+    """Consume epoch 0 of `scope` as a client would and count, in `got["obsolete"]`, the tokens it received after
+    `version` was revoked (the observer's own count, independent of the facade's counters). Ungated, the first
+    obsolete frame is proof enough and consumption stops there. `on_tokens(token_ids)` sees every frame's tokens."""
+    async for f in eng.stream(scope, 0):
+        if version.revoked and f.token_ids:
+            got["obsolete"] += len(f.token_ids)
+            if not gated:
+                return
+        if on_tokens is not None:
+            on_tokens(f.token_ids)

@@ -10,6 +10,7 @@ import pytest
 from vllm import SamplingParams
 
 from conformance.fixtures.prompts import revise, tokens
+from conformance.scenarios import count_obsolete
 from retire.barriers import wait_engine
 from retire.faults import LateCompletion, SlowConsumer
 
@@ -27,17 +28,13 @@ async def _trial(eng, scope: str, after: int, seed: int, *, lag: int = 4, stop_o
     seen = {"n": 0, "obsolete": 0, "revoked_seen": False}
     v = eng.table.get("default", scope).versions[0]
 
-    async def consume():
-        async for f in eng.stream(scope, 0):
-            if v.revoked and f.token_ids:
-                seen["obsolete"] += len(f.token_ids)
-                if stop_on_obsolete:
-                    return
-            seen["n"] += len(f.token_ids)
-            if seen["n"] >= after:
-                reached.set()
+    def on_tokens(ids):
+        seen["n"] += len(ids)
+        if seen["n"] >= after:
+            reached.set()
 
-    task = asyncio.ensure_future(consume())
+    task = asyncio.ensure_future(count_obsolete(eng, scope, v, seen, gated=not stop_on_obsolete,
+                                                on_tokens=on_tokens))
     await reached.wait()
     await wait_engine(eng, scope, out_tokens=seen["n"] + lag, epoch=0)  # engine-visible lag, no sleep
     await eng.supersede(scope, 0, revise(prompt, 64, 90, seed), SP_NEW)
@@ -87,15 +84,7 @@ async def _late_completion(eng, scope: str, *, gated: bool) -> tuple[int, LateCo
         await eng.submit(scope, prompt, SP_OLD)
         v = eng.table.get("default", scope).versions[0]
         got = {"obsolete": 0}
-
-        async def consume():
-            async for f in eng.stream(scope, 0):
-                if v.revoked and f.token_ids:
-                    got["obsolete"] += len(f.token_ids)
-                    if not gated:
-                        return
-
-        task = asyncio.ensure_future(consume())
+        task = asyncio.ensure_future(count_obsolete(eng, scope, v, got, gated=gated))
         await fault.held.wait()            # a frame of epoch 0 is committed and held before dequeue
         await eng.supersede(scope, 0, revise(prompt, 64, 80, 7), SP_NEW)   # ADVANCE releases it
         await task

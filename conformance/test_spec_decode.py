@@ -18,21 +18,16 @@ import pytest
 from vllm import SamplingParams
 
 from conformance.fixtures.prompts import repo_prompt, revise
+from conformance.scenarios import count_obsolete
 from oracles import assert_logprobs_close, assert_same_tokens, collect
 from retire import adapter
 from retire.barriers import wait_drafts, wait_engine
 from retire.faults import SlowConsumer
 
-KEY = "unit-spec"
 CHUNK, BLOCK = 256, 32
 SP_OLD = SamplingParams(max_tokens=96, temperature=0, ignore_eos=True)
 SP_NEW = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=5)
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _release_engines(pool):
-    yield
-    pool.release(KEY)
 
 
 def _check_receipts(tr, n_groups: int = 1):
@@ -103,18 +98,13 @@ async def _active_case(eng, scope: str, seed: int, *, extend: int, gated: bool =
     got = {"obsolete": 0}
     first = asyncio.Event()
 
-    async def consume():
-        async for f in eng.stream(scope, 0):
-            if v.revoked and f.token_ids:
-                got["obsolete"] += len(f.token_ids)
-                if not gated:
-                    return
-            seen.extend(f.token_ids)
-            if len(seen) >= extend + 1:
-                first.set()
+    def on_tokens(ids):
+        seen.extend(ids)
+        if len(seen) >= extend + 1:
+            first.set()
 
     async with SlowConsumer(0.05).on(eng):
-        task = asyncio.ensure_future(consume())
+        task = asyncio.ensure_future(count_obsolete(eng, scope, v, got, gated=gated, on_tokens=on_tokens))
         waiter = asyncio.ensure_future(first.wait())
         await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
         waiter.cancel()
