@@ -5,10 +5,10 @@ eager (compilation mode NONE), and says so once in the log; `RetireWorkerExtensi
 reports `active: False` with the reason, and the facade never posts to the mailbox, so FENCE uses the step boundary.
 
 The first two tests drive the real `SafePoints` against a stand-in worker (a two-layer torch module tree with vLLM's
-own `CompilationMode` values); the eager case is the negative control (hooks ARE installed). The last test (`slow`:
-compiling the model on CPU takes minutes) starts a real engine with `enforce_eager=False` and checks the fallback end
-to end: safe points inactive, a revision mid-prefill is fenced at the step boundary, the successor matches its oracle
-and the audit is clean.
+own `CompilationMode` values); the eager case is the negative control (the wrapper IS installed, and an armed step
+runs with one hook per layer, an unarmed one with none). The last test (`slow`: compiling the model on CPU takes
+minutes) starts a real engine with `enforce_eager=False` and checks the fallback end to end: safe points inactive, a
+revision mid-prefill is fenced at the step boundary, the successor matches its oracle and the audit is clean.
 """
 from __future__ import annotations
 
@@ -27,9 +27,13 @@ def _worker(mode):
     model = torch.nn.Module()
     model.model = torch.nn.Module()
     model.model.layers = torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)])
+    seen: list[list[int]] = []  # hooks per layer while each step ran
 
     def execute_model(scheduler_output, *a, **k):
+        seen.append([len(layer._forward_pre_hooks) for layer in model.model.layers])
         return "ran"
+
+    execute_model.seen = seen
 
     runner = SimpleNamespace(model=model, execute_model=execute_model)
     cfg = SimpleNamespace(compilation_config=SimpleNamespace(mode=mode))
@@ -64,8 +68,18 @@ def test_eager_mode_installs_hooks_negative_control(mailbox, mode):
     worker, orig = _worker(None if mode is None else CompilationMode.NONE)
     sp = SafePoints(worker, mailbox, min_tokens=1024, block=32)
     assert sp.install() is True and sp.installed
-    assert all(len(layer._forward_pre_hooks) == 1 for layer in sp.layers)
     assert worker.model_runner.execute_model is not orig
+    # hooks exist only while an armed step runs: a 2048-token step has one per layer, a decode step none
+    assert worker.model_runner.execute_model(_step(2048)) == "ran"
+    assert worker.model_runner.execute_model(_step(1)) == "ran"
+    assert orig.seen == [[1, 1], [0, 0]]
+    assert all(not layer._forward_pre_hooks for layer in sp.layers) and sp.armed is None
+
+
+def _step(n: int):
+    """A SchedulerOutput with one running request scheduled for n tokens (the fields SafePoints reads)."""
+    return SimpleNamespace(total_num_scheduled_tokens=n, num_scheduled_tokens={"r": n}, scheduled_new_reqs=[],
+                           scheduled_cached_reqs=SimpleNamespace(req_ids=["r"], num_computed_tokens=[0]))
 
 
 @pytest.mark.slow

@@ -2,8 +2,9 @@
 
 Invariants:
 - Checks are armed only for steps of at least `min_tokens` scheduled tokens, in eager mode (per-layer hooks fire
-  unreliably in compiled graphs: there we log once and fall back to the step boundary). Unarmed steps pay one
-  integer comparison.
+  unreliably in compiled graphs: there we log once and fall back to the step boundary). The layer hooks exist only
+  while an armed step runs (registered at its start, removed at its end), so unarmed steps, every decode step among
+  them, pay one integer comparison and run the layers on PyTorch's hook-free call path.
 - At every decoder layer of an armed step the worker reads the revocation mailbox. It cuts the step only when EVERY
   request in it is revoked (a mixed step is never cut: other scopes' results must not change) and the cost model says
   the successor gets its first token earlier by cutting than by finishing the step.
@@ -87,19 +88,21 @@ class SafePoints:
             log.warning("retire: per-layer safe points need enforce_eager=True (compiled graphs fire layer hooks "
                         "unreliably); FENCE falls back to the step boundary")
             return False
-        for i, layer in enumerate(self.layers):
-            layer.register_forward_pre_hook(self._hook(i))
+        hooks = [self._hook(i) for i in range(len(self.layers))]
         orig = self.runner.execute_model
 
         def execute_model(scheduler_output, *args, **kwargs):
-            self.armed = None
-            if scheduler_output.total_num_scheduled_tokens >= self.min_tokens:
-                self.armed = {"chunks": chunks_of(scheduler_output), "t0": time.monotonic(), "decided": False}
+            if scheduler_output.total_num_scheduled_tokens < self.min_tokens:
+                return orig(scheduler_output, *args, **kwargs)  # unarmed: no hook on any layer
+            self.armed = {"chunks": chunks_of(scheduler_output), "t0": time.monotonic(), "decided": False}
+            handles = [layer.register_forward_pre_hook(h) for layer, h in zip(self.layers, hooks)]
             try:
                 return orig(scheduler_output, *args, **kwargs)
             except _Cut:
                 return self._cut_output(scheduler_output)
             finally:
+                for h in handles:
+                    h.remove()
                 self.armed = None
 
         self.runner.execute_model = execute_model
