@@ -93,6 +93,60 @@ def test_family_priority_ttft_with_fence_keys(tmp_path, capsys):
     assert md.index("## FENCE latency at the step boundary") < md.index("## Successor TTFT")
 
 
+def _s(median, lo, hi, n=3):
+    return {"n": n, "median": median, "min": lo, "max": hi}
+
+
+def test_interruption_rows_stay_out_of_the_fence_table(tmp_path, capsys):
+    """perf/test_bench_interruption.py records prefill_unit_tokens and fence_latency_s[arm] too: its benchmarks get
+    their own table (unit x LCP case), and the FENCE-vs-unit table keeps one row per FENCE benchmark."""
+    fence = {"prefill_unit_tokens": 2048, "fence_latency_native_s": _s(0.37, 0.27, 0.64),
+             "fence_latency_retire_s": _s(0.08, 0.05, 0.11), "fence_speedup_native_over_retire": _s(4.68, 3.46, 8.72)}
+    inter = lambda case, unit, r: {
+        "paper_metric": "interruption-to-successor by LCP position", "prefill_unit_tokens": unit, "case": case,
+        "lcp": unit // 2, "running_step": [unit, 2 * unit], "retire_paths": {"safe-point": 3},
+        "fence_latency_s[retire]": _s(0.17, 0.15, 0.23),
+        **{f"interruption_to_successor_s[{a}]": _s(v, v, v) for a, v in (("native-cold", 0.65),
+                                                                          ("native-prefix", 0.35), ("retire", 0.31))},
+        "speedup[native-prefix/retire]": _s(r, r, r), "speedup[native-cold/retire]": _s(2.05, 1.78, 5.82)}
+    doc = bench_doc(fence, inter("after", 4096, 1.0), inter("before", 2048, 1.12), inter("inside", 2048, 1.01))
+    rc, md = run(tmp_path, doc, capsys)
+    assert rc == 0
+    table = md.split("## FENCE latency vs prefill unit")[1].split("## ")[0]
+    data = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith(("| unit", "| ---"))]
+    assert data == ["| 2048 | 0.37 [0.27, 0.64] | 0.08 [0.05, 0.11] | 4.68 [3.46, 8.72] |"], table
+    assert "## Interruption -> successor by LCP position" in md
+    section = md.split("## Interruption -> successor by LCP position")[1].split("## ")[0]
+    rows = [line for line in section.splitlines() if line.startswith(("| 2048 | ", "| 4096 | "))]
+    assert [r.split(" | ")[1] for r in rows] == ["before", "inside", "after"]  # sorted by unit, then case
+    assert rows[0].startswith("| 2048 | before | 1024 | [2048, 4096) | 0.65 [0.65, 0.65] | 0.35 [0.35, 0.35] "
+                              "| 0.31 [0.31, 0.31] | 1.12 [1.12, 1.12] | 2.05 [1.78, 5.82] | safe-point: 3 |"), rows[0]
+
+
+def test_churn_speedup_table(tmp_path, capsys):
+    """Recovery and full-interval speed-ups per churn level, as recorded; a level without them is left out."""
+    pts = [{"churn_fraction": 1.0, "retained_tokens_native": 0, "retained_tokens_retire_hbm": 4096,
+            "recovery_speedup[native/retire_hbm]": _s(33.4, 33.0, 33.9, 2),
+            "recovery_speedup[native/retire_dram]": _s(24.8, 24.3, 25.4, 2),
+            "full_interval_speedup[native/retire_hbm]": _s(1.61, 1.56, 1.67, 2)},
+           {"churn_fraction": 0.5, "retained_tokens_native": 4096, "retained_tokens_retire_hbm": 4096}]
+    rc, md = run(tmp_path, bench_doc(*pts), capsys)
+    assert rc == 0
+    sec = md.split("## Recovery under churn (speed-up over native-prefix, paired)")[1].split("## ")[0]
+    assert "| 1 | 33.4 [33, 33.9] | 24.8 [24.3, 25.4] | 1.61 [1.56, 1.67] |" in sec, sec
+    assert "| 0.5 |" not in sec
+
+
+def test_no_revision_vs_stock_is_a_cost_section(tmp_path, capsys):
+    ei = {"paper_metric": "no-revision cost: retire policy vs stock vLLM (Table 11)",
+          "latency_s[retire]": _s(1.50, 1.42, 1.59, 12), "latency_s[stock]": _s(1.49, 1.37, 1.53, 12),
+          "cost_ratio[retire/stock]": {**_s(1.0178, 0.9654, 1.1257, 12), "overhead_pct_median": 1.78,
+                                       "bootstrap_ci95_of_median": [1.0007, 1.0446]}}
+    rc, md = run(tmp_path, bench_doc(ei), capsys)
+    assert rc == 0 and "## No-revision cost: `test_x[0]`" in md
+    assert "| cost_ratio (retire / stock) | 12 | 1.0178 | [0.9654, 1.1257] | [1.0007, 1.0446] | 1.78 |" in md
+
+
 def test_default_out_is_input_directory(tmp_path, capsys):
     src = tmp_path / "bench.json"
     src.write_text(SAMPLE.read_text())

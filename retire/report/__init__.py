@@ -11,14 +11,17 @@ Inputs, detected by shape (anything else, or an unreadable file, exits 2 with a 
   (perf/test_bench_*.py). Summaries are dicts {"n", "median", "min", "max"} (+ "total"/"per_trial" for counts,
   "bootstrap_ci95_of_median" and "overhead_pct_median" for the no-revision ratio). Keys `metric[arm]` are per-arm
   values, keys `metric[a/b]` per-pair ratios. A benchmark's family is the first of these whose keys it has:
+    interruption by LCP     "case" (before / inside / after) + "interruption_to_successor_s[arm]" (+ "speedup[a/b]",
+                            "prefill_unit_tokens", "lcp", "retire_paths")            -> one table, rows unit x case
     FENCE vs prefill unit   "prefill_unit_tokens" + "fence_latency_native_s" / "fence_latency_retire_s"
                             (+ "fence_speedup_native_over_retire", "interruption_to_successor_{native,retire}_s",
                             "interruption_to_successor_speedup")                      -> table + fence_vs_unit.png
     churn (Figure 5)        "churn_fraction" (churn volume / prefix-cache capacity) with "retained_tokens_<arm>", one
                             point per benchmark; or "churn_curve": [{"churn": x, "<arm>": y, ...}]. Arms: "native"
                             (native-prefix), "retire_hbm", "retire_dram" (others plotted under their own name); y =
-                            retained prefix tokens, a number or a summary (min..max drawn as error bars)
-                                                                                      -> table + churn.png
+                            retained prefix tokens, a number or a summary (min..max drawn as error bars);
+                            "recovery_speedup[native/<tier>]", "full_interval_speedup[native/<tier>]"
+                                                                  -> retained table, speed-up table + churn.png
     replay timeline (Fig. 6) "timeline": {arm: [{"t": s, "current": n, "obsolete": n}, ...]}, or "timeline[arm]":
                             [...], or "timeline": [...] (arm = the benchmark's name): live current and obsolete
                             executions over time                                       -> table + replay_timeline.png
@@ -27,7 +30,8 @@ Inputs, detected by shape (anything else, or an unreadable file, exits 2 with a 
     revision-rate matrix    "replay_matrix": [{rate, concurrency, policy, quantum, ...}] (+ "best_native_quantum")
                             (paper A.2.2)                                              -> the rows as recorded
     FENCE at step boundary "fence_latency_s[arm]"; successor TTFT "successor_ttft_s[arm]"; no-revision cost
-                            "no_revision_cost_ratio[a/b]"; obsolete tokens "obsolete_tokens_published[arm]"
+                            "no_revision_cost_ratio[a/b]", "cost_ratio[a/b]" or "cost_ratio_total[a/b]";
+                            obsolete tokens "obsolete_tokens_published[arm]"
                                                                                       -> per-arm + per-pair ratio tables
   Any other benchmark gets a generic key | value table of its scalar and summary extra_info entries.
 - the demo JSON (results/demo.json, written by retire/demo.py): its side-by-side policy table per section.

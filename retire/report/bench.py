@@ -19,6 +19,7 @@ META = ("paper_metric", "scenario", "model", "note", "rounds_run", "rounds_admit
 HIDDEN = ("rejections", "arm_order", "landing_fractions")
 # detection priority (the TTFT benchmark also records fence_latency_s[arm], so it must be recognised first)
 FAMILIES = (("successor_ttft_s[", "Successor TTFT"), ("no_revision_cost_ratio[", "No-revision cost"),
+            ("cost_ratio[", "No-revision cost"), ("cost_ratio_total[", "No-revision cost"),
             ("fence_latency_s[", "FENCE latency at the step boundary"),
             ("obsolete_tokens_published[", "Obsolete tokens: native vs retire"))
 ORDER = ("FENCE latency at the step boundary", "Successor TTFT", "No-revision cost",
@@ -26,6 +27,8 @@ ORDER = ("FENCE latency at the step boundary", "Successor TTFT", "No-revision co
 
 
 def family(ei: dict) -> str:
+    if "case" in ei and any(k.startswith("interruption_to_successor_s[") for k in ei):
+        return "interruption"
     if "prefill_unit_tokens" in ei and any(k.startswith("fence_latency_") for k in ei):
         return "fence_unit"
     if "churn_curve" in ei or ("churn_fraction" in ei and any(k.startswith("retained_tokens_") for k in ei)):
@@ -100,6 +103,39 @@ def fence_unit_table(bs: list[dict]) -> str:
     return md(pd.DataFrame(rows).replace("–", None).dropna(axis=1, how="all"))
 
 
+def interruption_table(bs: list[dict]) -> str:
+    """unit | LCP case | interruption -> successor per arm (s) | paired speedups | retire's FENCE paths | pairs."""
+    order = {"before": 0, "inside": 1, "after": 2}
+    key = lambda b: (med(b["extra_info"].get("prefill_unit_tokens")) or 0, order.get(b["extra_info"].get("case"), 9))
+    rows = []
+    for b in sorted(bs, key=key):
+        ei = b["extra_info"]
+        row = {"unit": num(ei.get("prefill_unit_tokens")), "LCP ends": ei.get("case"), "LCP": num(ei.get("lcp")),
+               "running step": (f"[{num(ei['running_step'][0])}, {num(ei['running_step'][1])})"
+                                if isinstance(ei.get("running_step"), list) and len(ei["running_step"]) == 2 else None)}
+        row.update({f"{a} (s)": cell(ei.get(f"interruption_to_successor_s[{a}]"))
+                    for a in ("native-cold", "native-prefix", "retire")})
+        row.update({f"{a} / retire": cell(ei.get(f"speedup[{a}/retire]")) for a in ("native-prefix", "native-cold")})
+        row["retire paths"] = cell(ei.get("retire_paths"))
+        row["pairs"] = num(ei.get("rounds_admitted"))
+        rows.append(row)
+    return md(pd.DataFrame(rows).replace("–", None).dropna(axis=1, how="all"))
+
+
+CHURN_SPEEDUPS = ("recovery_speedup[native/retire_hbm]", "recovery_speedup[native/retire_dram]",
+                  "full_interval_speedup[native/retire_hbm]", "full_interval_speedup[native/retire_dram]")
+
+
+def churn_speedups(bs: list[dict]) -> str | None:
+    """churn | recovery and full-interval speed-ups of each retire tier over native-prefix (paired, as recorded)."""
+    rows = [{"churn": cell(b["extra_info"]["churn_fraction"]),
+             **{k: cell(b["extra_info"][k]) for k in CHURN_SPEEDUPS if k in b["extra_info"]}}
+            for b in sorted(bs, key=lambda b: med(b["extra_info"].get("churn_fraction")) or 0)
+            if med(b["extra_info"].get("churn_fraction")) is not None
+            and any(k in b["extra_info"] for k in CHURN_SPEEDUPS)]
+    return md(pd.DataFrame(rows)) if rows else None
+
+
 def churn_points(bs: list[dict]) -> list[dict]:
     """[{"churn": x, arm: value, ...}] from both churn key layouts, sorted by churn."""
     pts = []
@@ -170,6 +206,10 @@ def report(doc: dict, out: Path) -> list[str]:
         lines += ["## FENCE latency vs prefill unit", "",
                   context(groups["fence_unit"][0]["extra_info"], ("paper_metric", "scenario", "model")), "",
                   fence_unit_table(groups["fence_unit"]), ""]
+    if "interruption" in groups:
+        lines += ["## Interruption -> successor by LCP position", "",
+                  context(groups["interruption"][0]["extra_info"], ("paper_metric", "model")), "",
+                  interruption_table(groups["interruption"]), ""]
     for title in ORDER:
         for b in groups.get(title, []):
             lines += [f"## {title}: {label(b)}", "", context(b["extra_info"]), ""]
@@ -178,6 +218,9 @@ def report(doc: dict, out: Path) -> list[str]:
     if pts:
         df = pd.DataFrame([{k: cell(v) for k, v in p.items()} for p in pts])
         lines += ["## Retained prefix tokens under churn", "", md(df.rename(columns=figures.CHURN_LABELS)), ""]
+    sp = churn_speedups(groups.get("churn", []))
+    if sp:
+        lines += ["## Recovery under churn (speed-up over native-prefix, paired)", "", sp, ""]
     lines += replay_sections(groups)
     tls = timelines(groups.get("timeline", []))
     if tls:
