@@ -1,6 +1,6 @@
 """What retire costs when nothing is revised (issue #4: armed guards; issue #6 / paper Table 11: retire vs stock vLLM).
 
-Two benchmarks, each pairing its arms trial by trial in one run (arm order alternating), on the `long` model with the
+Three benchmarks, each pairing its arms trial by trial in one run (arm order alternating), on the `long` model with the
 `long` shape (prefill unit 2048, so a 1K prompt is one armed step and a 4K prompt two):
 
 1. Armed guards: the same "retire" facade with per-layer safe points ARMED (min_tokens 1024: every prefill step of the
@@ -11,6 +11,8 @@ Two benchmarks, each pairing its arms trial by trial in one run (arm order alter
    scheduler and worker). Concurrency 1 (1K and 4K prompts) and a mixed batch of 8 concurrent requests (1K and
    256-token prompts alternating). The stock engine is also the oracle: alone, every retire output must equal it
    exactly; in the batch (both arms request logprobs=2), by the logprob-closeness rule.
+3. A/A control: a second stock engine instance vs the first, paired the same way. Pairs in (2) share two engine
+   instances, so their bootstrap interval misses any systematic difference between instances; (3) measures it.
 
 Metric: submit -> last token (per request; for the batch, the makespan), plus time to first token for
 concurrency 1. Reported: medians, [min, max], per-pair ratios (subject / reference) with a percentile bootstrap 95%
@@ -174,3 +176,51 @@ def test_bench_no_revision_vs_stock_vllm(benchmark, facades, pool, workload):
         info["cost_ratio_ttft[retire/stock]"] = _ratio_info(paired.ratios("retire", "stock", lambda t: t.first))
     benchmark.extra_info.update(info)
     print(f"\n[vs stock] {workload}: {info['cost_ratio[retire/stock]']}")
+
+
+@pytest.mark.parametrize("workload", ["1K-c1", "4K-c1"])
+def test_bench_stock_vs_stock_instance_control(benchmark, facades, pool, workload):
+    """A/A control for the retire-vs-stock comparison: a SECOND stock engine instance with the same shape, paired with
+    the first exactly as above (same prompts, alternating order, exact token comparison).
+
+    The pairs of `test_bench_no_revision_vs_stock_vllm` all share the same two engine instances, so its bootstrap
+    interval covers trial-to-trial noise only. Two instances of the same stock engine differ systematically too
+    (process and KV-cache placement, thread binding): this benchmark measures that instance effect. A retire / stock
+    ratio whose distance from 1 is within the A/A ratio's distance from 1 is not a measured cost of retire."""
+    from conformance.fixtures.engines import shape_env, shape_kwargs
+    from oracles.runs import OracleEngine
+
+    _, stock = facades("long", "retire")  # evicts other shapes; `stock` is the pool's oracle instance ("A")
+    run = pool.runner.run
+    path, kw = shape_kwargs("long")
+    with shape_env("long"):
+        second = pool.runner.call(OracleEngine, path, **kw)  # instance "B", shut down below
+    arms = ("stock-B", "stock-A")
+    paired = Paired(arms)
+    lens = WORKLOADS[workload]
+
+    async def pair(i: int, record: bool = True):
+        prompts = [repo_prompt(n, seed=5000 + 97 * i + k) for k, n in enumerate(lens)]
+        res = {a: await _stock_batch(second if a == "stock-B" else stock, prompts) for a in paired.order(i)}
+        vs = [compare_tokens(subject=x, oracle=y, subject_name="stock B", oracle_name="stock A")
+              for x, y in zip(res["stock-B"].runs, res["stock-A"].runs)]
+        bad = [(k, v.detail) for k, v in enumerate(vs) if not v]
+        res["stock-B"].ok, res["stock-B"].verdict = not bad, (f"instances differ: {bad[:2]}" if bad else "equal")
+        if record:
+            paired.add(i, res)
+
+    try:
+        run(pair(-1, record=False))  # untimed warm-up pair (B's first logprobs-free run)
+        benchmark.pedantic(lambda i: run(pair(i)), setup=paired.setup, rounds=PAIRS, iterations=1)
+    finally:
+        pool.runner.call(second.shutdown)
+    assert paired.rounds, paired.admission()
+    total, first = (lambda t: t.total), (lambda t: t.first)
+    info = {"paper_metric": "A/A control: stock vLLM instance B vs instance A (no retire)", "model": "long",
+            "workload": workload, "prompt_lens": lens, "decode_tokens": 128, **paired.admission(),
+            **{f"latency_s[{a}]": summary(paired.values(a, total)) for a in arms},
+            **{f"ttft_s[{a}]": summary(paired.values(a, first)) for a in arms},
+            "cost_ratio[stock-B/stock-A]": _ratio_info(paired.ratios("stock-B", "stock-A", total)),
+            "cost_ratio_ttft[stock-B/stock-A]": _ratio_info(paired.ratios("stock-B", "stock-A", first))}
+    benchmark.extra_info.update(info)
+    print(f"\n[A/A stock instances] {workload}: {info['cost_ratio[stock-B/stock-A]']}")
