@@ -45,6 +45,25 @@ def bootstrap_ci(xs: Sequence[float], stat: Callable = np.median, n: int = 2000,
     return float(lo), float(hi)
 
 
+def bootstrap_ci_nested(groups: Sequence[Sequence[float]], stat: Callable = np.median, n: int = 2000, seed: int = 0,
+                        level: float = 0.95) -> tuple[float, float] | None:
+    """Two-stage percentile bootstrap for paired ratios measured on several engine instances: resample the instances
+    (groups) with replacement, then the ratios within each drawn instance, and take `stat` over the pooled draw.
+    Between-instance variation widens the interval, which a flat bootstrap over all ratios would hide. None with
+    fewer than 2 non-empty groups."""
+    gs = [np.asarray([x for x in g if x is not None], dtype=float) for g in groups]
+    gs = [g for g in gs if g.size]
+    if len(gs) < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    boots = np.empty(n)
+    for i in range(n):
+        draw = [gs[j][rng.integers(0, gs[j].size, size=gs[j].size)] for j in rng.integers(0, len(gs), size=len(gs))]
+        boots[i] = stat(np.concatenate(draw))
+    lo, hi = np.quantile(boots, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)
+
+
 class Paired:
     """Collects rounds of paired arms. `setup()` is the pedantic setup (hands the round index to the target)."""
 
