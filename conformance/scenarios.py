@@ -46,7 +46,6 @@ async def revise_after(eng, scope: str, *, prompt, sp_old, revised, sp_new, afte
     return Revision(tr, old, new, eng.stats()["obsolete_tokens_published"] - before)
 
 
-
 async def count_obsolete(eng, scope: str, version, got: dict, *, gated: bool, on_tokens=None) -> None:
     """Consume epoch 0 of `scope` as a client would and count, in `got["obsolete"]`, the tokens it received after
     `version` was revoked (the observer's own count, independent of the facade's counters). Ungated, the first

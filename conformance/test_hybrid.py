@@ -29,7 +29,6 @@ SP_OLD = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
 SP_NEW = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=5)
 
 
-
 async def _case(h, scope, prompt, revised, *, frontier=None, out_tokens=None):
     eng = h.retire
     ping = await eng.backend.sched("ping")

@@ -29,7 +29,6 @@ SP_OLD = SamplingParams(max_tokens=96, temperature=0, ignore_eos=True)
 SP_NEW = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=5)
 
 
-
 def _check_receipts(tr, n_groups: int = 1):
     """Every KV group and the drafter acknowledge the old epoch at one frontier; nothing past it is certified."""
     groups = [r for r in tr.receipts if r.participant.startswith("kv-group-")]

@@ -31,7 +31,6 @@ SP_NEW = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=
 PARTICIPANTS = {f"rank-{r}/kv-group-0" for r in range(WORLD)}
 
 
-
 def _judge(tr, new, oracle):
     n = tr.inherited_tokens
     if n == 0 or n % CHUNK == 0:

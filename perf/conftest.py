@@ -18,30 +18,30 @@ class BenchEngines:
     def _evict(self, keep: str) -> None:
         p = self.pool
         for k in [k for k in p.subjects if k != keep]:
-            eng = p.subjects.pop(k)
-            p.runner.run(eng.close())
-            if not eng.backend.closed:  # a facade someone forgot still holds a reference: shut down anyway
-                p.runner.call(eng.backend.shutdown)
+            p.stop_subject(p.subjects.pop(k))
         try:
             from conformance.fixtures.engines import ORACLE_SHAPE
         except ImportError:
             ORACLE_SHAPE = {}
         keep_oracle = ORACLE_SHAPE.get(keep, keep)  # shapes with equal numerics share one oracle engine
         for k in [k for k in p.oracles if k != keep_oracle]:
-            p.runner.call(p.oracles.pop(k).shutdown)
+            p.stop_oracle(p.oracles.pop(k))
 
     def get(self, key: str):
         self._evict(key)
         subject = self.pool.subject(key)
         oracle = self.pool.oracle(key)
         if (key, id(subject)) not in self.warmed:  # a restarted engine (released at a module end) warms again
-            from retire.demo import _oracle_warmup, warm_prefill
-
-            # untimed: one full prefill unit on the subject, the logprobs compile on the oracle
-            self.pool.runner.run(warm_prefill(subject, subject.backend.chunk))
-            self.pool.runner.run(_oracle_warmup(oracle))
+            self.warm(subject, oracle)
             self.warmed.add((key, id(subject)))
         return subject, oracle
+
+    def warm(self, subject, oracle) -> None:
+        """Untimed: one full prefill unit on the subject, the logprobs compile on the oracle."""
+        from retire.demo import _oracle_warmup, warm_prefill
+
+        self.pool.runner.run(warm_prefill(subject, subject.backend.chunk))
+        self.pool.runner.run(_oracle_warmup(oracle))
 
 
 @pytest.fixture(scope="session")

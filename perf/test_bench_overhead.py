@@ -139,21 +139,27 @@ WORKLOADS = {
 }
 
 
-async def _retire_stock_pair(eng, stock, lens: list[int], i: int, order: list[str], tag: str) -> dict:
-    """One paired round, retire facade vs stock engine, arms in `order`; the retire trial carries the oracle verdict:
-    alone, the same execution shape, so exact; batched, the batch composition per step may differ between the
-    engines (CPU kernels are not batch-invariant), so the logprob-closeness rule applies."""
-    prompts = [repo_prompt(n, seed=4000 + 97 * i + k) for k, n in enumerate(lens)]
-    res = {}
-    for a in order:
-        res[a] = await (_retire_batch(eng, prompts, tag) if a == "retire" else _stock_batch(stock, prompts))
+async def _paired_round(arms: dict, lens: list[int], i: int, order: list[str], *, subject: str, reference: str,
+                        seed: int = 4000) -> dict:
+    """One paired round: `arms[a](prompts)` for each arm in `order`, on the same prompts. The `subject` trial carries
+    the verdict against `reference`: alone, the same execution shape, so exact; batched, the batch composition per step
+    may differ between the engines (CPU kernels are not batch-invariant), so the logprob-closeness rule applies."""
+    prompts = [repo_prompt(n, seed=seed + 97 * i + k) for k, n in enumerate(lens)]
+    res = {a: await arms[a](prompts) for a in order}
     cmp = compare_tokens if len(lens) == 1 else compare_logprobs_close
-    vs = [cmp(subject=x, oracle=y, subject_name="retire", oracle_name="stock")
-          for x, y in zip(res["retire"].runs, res["stock"].runs)]
+    vs = [cmp(subject=x, oracle=y, subject_name=subject, oracle_name=reference)
+          for x, y in zip(res[subject].runs, res[reference].runs)]
     bad = [(k, v.detail) for k, v in enumerate(vs) if not v]
-    res["retire"].ok = not bad
-    res["retire"].verdict = f"requests differ from stock vLLM: {bad[:2]}" if bad else "matches stock"
+    res[subject].ok = not bad
+    res[subject].verdict = f"requests differ from {reference}: {bad[:2]}" if bad else f"matches {reference}"
     return res
+
+
+async def _retire_stock_pair(eng, stock, lens: list[int], i: int, order: list[str], tag: str) -> dict:
+    """One paired round, retire facade vs stock engine, arms in `order`."""
+    arms = {"retire": lambda prompts: _retire_batch(eng, prompts, tag),
+            "stock": lambda prompts: _stock_batch(stock, prompts)}
+    return await _paired_round(arms, lens, i, order, subject="retire", reference="stock")
 
 
 @pytest.mark.parametrize("workload", list(WORKLOADS))
@@ -194,25 +200,17 @@ def test_bench_stock_vs_stock_instance_control(benchmark, facades, pool, workloa
     interval covers trial-to-trial noise only. Two instances of the same stock engine differ systematically too
     (process and KV-cache placement, thread binding): this benchmark measures that instance effect. A retire / stock
     ratio whose distance from 1 is within the A/A ratio's distance from 1 is not a measured cost of retire."""
-    from conformance.fixtures.engines import shape_env, shape_kwargs
-    from oracles.runs import OracleEngine
-
     _, stock = facades("long", "retire")  # evicts other shapes; `stock` is the pool's oracle instance ("A")
     run = pool.runner.run
-    path, kw = shape_kwargs("long")
-    with shape_env("long"):
-        second = pool.runner.call(OracleEngine, path, **kw)  # instance "B", shut down below
+    second = pool.start_oracle("long")  # instance "B", stopped below
     arms = ("stock-B", "stock-A")
     paired = Paired(arms)
     lens = WORKLOADS[workload]
+    batches = {"stock-B": lambda prompts: _stock_batch(second, prompts),
+               "stock-A": lambda prompts: _stock_batch(stock, prompts)}
 
     async def pair(i: int, record: bool = True):
-        prompts = [repo_prompt(n, seed=5000 + 97 * i + k) for k, n in enumerate(lens)]
-        res = {a: await _stock_batch(second if a == "stock-B" else stock, prompts) for a in paired.order(i)}
-        vs = [compare_tokens(subject=x, oracle=y, subject_name="stock B", oracle_name="stock A")
-              for x, y in zip(res["stock-B"].runs, res["stock-A"].runs)]
-        bad = [(k, v.detail) for k, v in enumerate(vs) if not v]
-        res["stock-B"].ok, res["stock-B"].verdict = not bad, (f"instances differ: {bad[:2]}" if bad else "equal")
+        res = await _paired_round(batches, lens, i, paired.order(i), subject="stock-B", reference="stock-A", seed=5000)
         if record:
             paired.add(i, res)
 
@@ -220,7 +218,7 @@ def test_bench_stock_vs_stock_instance_control(benchmark, facades, pool, workloa
         run(pair(-1, record=False))  # untimed warm-up pair (B's first logprobs-free run)
         benchmark.pedantic(lambda i: run(pair(i)), setup=paired.setup, rounds=PAIRS, iterations=1)
     finally:
-        pool.runner.call(second.shutdown)
+        pool.stop_oracle(second)
     assert paired.rounds, paired.admission()
     total, first = (lambda t: t.total), (lambda t: t.first)
     info = {"paper_metric": "A/A control: stock vLLM instance B vs instance A (no retire)", "model": "long",
@@ -238,20 +236,14 @@ PAIRS_PER_INSTANCE = 6
 
 
 @pytest.mark.parametrize("workload", ["1K-c1", "mixed-8"])
-def test_bench_no_revision_vs_stock_across_instances(benchmark, facades, pool, workload):
+def test_bench_no_revision_vs_stock_across_instances(benchmark, facades, pool, bench_engines, workload):
     """Table 11 at the resolution its 1% target needs: INSTANCES fresh (retire, stock) engine pairs, started in the
     untimed pedantic setup, PAIRS_PER_INSTANCE paired rounds on each (plus one untimed warm-up pair), and a two-stage
     bootstrap of the median ratio (instances, then pairs within them: `bootstrap_ci_nested`). The flat interval over
     the same ratios is recorded next to it; the difference is the instance effect the single-instance benchmark cannot
     see. `RETIRE_INSTANCES` sets the number of instance pairs."""
-    from conformance.fixtures.engines import shape_env, shape_kwargs, warmup
-    from oracles.runs import OracleEngine
-    from retire import RetireEngine
-    from retire.demo import _oracle_warmup, warm_prefill
-
     facades("long")  # evicts every other shape's engines; the pool's own long pair stays idle
-    run, call = pool.runner.run, pool.runner.call
-    path, kw = shape_kwargs("long")
+    run = pool.runner.run
     lens = WORKLOADS[workload]
     arms = ("retire", "stock")
     paired = Paired(arms)
@@ -261,11 +253,9 @@ def test_bench_no_revision_vs_stock_across_instances(benchmark, facades, pool, w
     def stop() -> None:
         eng, stock = live.pop("eng", None), live.pop("stock", None)
         if eng is not None:
-            run(eng.close())
-            if not eng.backend.closed:
-                call(eng.backend.shutdown)
+            pool.stop_subject(eng)
         if stock is not None:
-            call(stock.shutdown)
+            pool.stop_oracle(stock)
 
     def setup():
         args, kwargs = paired.setup()
@@ -273,13 +263,8 @@ def test_bench_no_revision_vs_stock_across_instances(benchmark, facades, pool, w
         if live.get("k") != k:
             stop()
             print(f"\n[instances] {workload}: starting engine pair {k + 1}/{INSTANCES}", flush=True)
-            with shape_env("long"):
-                live["eng"] = call(RetireEngine, path, "retire", **kw)
-                live["stock"] = call(OracleEngine, path, **kw)
-            live["k"] = k
-            run(warmup(live["eng"]))
-            run(warm_prefill(live["eng"], live["eng"].backend.chunk))
-            run(_oracle_warmup(live["stock"]))
+            live["eng"], live["stock"], live["k"] = pool.start_subject("long"), pool.start_oracle("long"), k
+            bench_engines.warm(live["eng"], live["stock"])
             run(_retire_stock_pair(live["eng"], live["stock"], lens, -1 - k, list(arms), f"x{workload}-w{k}"))
         return args, kwargs
 

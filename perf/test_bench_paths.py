@@ -1,9 +1,10 @@
 """FENCE latency native vs retire, and inherited tokens, per serving path (issue #5; the paper's Table 10 / Table 6 rows
 on CPU): speculative decoding (revision in the draft-verify prefill, and in active speculative decode after draft
 work was observed), two KV groups (hybrid), tensor parallel 2, and the contract paths on the unit engine: exact
-numerical mode, a zero pin quota (cold by contract), the DRAM tier (offload + digest-checked restore). The short-step paths (256-token steps) close at the
-step boundary in both arms; `spec-prefill-long` and `hybrid-2k` use 2048-token steps, where retire's in-step safe
-points apply (not with TP=2: ranks would have to cut collectively, so TP engines fence at the step boundary).
+numerical mode, a zero pin quota (cold by contract), the DRAM tier (offload + digest-checked restore). The short-step
+paths (256-token steps) close at the step boundary in both arms; `spec-prefill-long` and `hybrid-2k` use 2048-token
+steps, where retire's in-step safe points apply (not with TP=2: ranks would have to cut collectively, so TP engines
+fence at the step boundary).
 
 Each pedantic round runs BOTH arms (native-cold, retire: sibling facades of one engine) on the same prompt pair, arm
 order alternating; each trial's successor is judged against the path's clean oracle inside the trial (demo.Judge:

@@ -111,8 +111,8 @@ class SafePoints:
 
     def _hook(self, i: int):
         def pre_hook(module, args):
-            a = self.armed
-            if a is None or a["decided"]:
+            a = self.armed  # hooks are registered only while an armed step runs, so this is never None here
+            if a["decided"]:
                 return None
             self.mb.worker_pause_point(i)
             self.mb.bump("checks")
