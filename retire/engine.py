@@ -220,6 +220,14 @@ class RetireEngine:
 
     async def stream(self, scope: str, epoch: int | None = None, tenant: str = "default") -> AsyncIterator[Frame]:
         """Yield one version's frames. A revoked version ends with one empty Frame(revoked=True, finished=True)."""
+        async for frame, _ in self.stream_outputs(scope, epoch, tenant):
+            yield frame
+
+    async def stream_outputs(self, scope: str, epoch: int | None = None,
+                             tenant: str = "default") -> AsyncIterator[tuple[Frame, object | None]]:
+        """Like `stream`, but each item is `(frame, output)`: `output` is vLLM's own `RequestOutput` (DELTA) behind
+        the frame, for a server that formats vLLM's responses (text, finish reasons); it is None for the empty
+        revoked end frame. Same gates, same single-consumer rule."""
         self._check_open()
         s = self.table.get(tenant, scope)
         v = s.versions.get(s.epoch if epoch is None else epoch)
@@ -229,19 +237,19 @@ class RetireEngine:
             raise InvalidRequest(f"scope {scope!r} epoch {v.epoch} already has a consumer")
         v.consumers += 1
         try:
-            async for frame in self._stream(v):
-                yield frame
+            async for item in self._stream(v):
+                yield item
         finally:
             v.consumers -= 1
 
-    async def _stream(self, v: Version) -> AsyncIterator[Frame]:
+    async def _stream(self, v: Version) -> AsyncIterator[tuple[Frame, object | None]]:
         scope = v.scope
         gated = self.policy == "retire" and self.test_switches.get("gates", True)
         while not v.finished:
             q = v.collector
             if gated and v.revoked:  # gate (c) before blocking: count what was queued, publish nothing
                 self._suppress(q.get_nowait())
-                yield self._end_revoked(v)
+                yield self._end_revoked(v), None
                 return
             out = q.get_nowait() or await q.get()
             for hook in self.hooks["on_dequeue"]:
@@ -251,7 +259,7 @@ class RetireEngine:
             aborted = co is not None and co.finish_reason == "abort"
             if gated and v.revoked:  # gate (c): the frame reached dequeue after ADVANCE
                 self._suppress(out)
-                yield self._end_revoked(v)
+                yield self._end_revoked(v), None
                 return
             if toks:
                 v.tokens_out += len(toks)
@@ -274,11 +282,11 @@ class RetireEngine:
             if toks or finished:
                 frame = Frame(scope, v.epoch, toks, finished and not aborted, revoked=v.revoked and aborted,
                               logprobs=lps, num_cached_tokens=out.num_cached_tokens, top_logprobs=top)
-                yield frame
+                yield frame, out
                 for hook in self.hooks["after_yield"]:
                     await hook(self, frame)
             if aborted and toks:
-                yield self._end_revoked(v)
+                yield self._end_revoked(v), None
 
     def _suppress(self, out) -> None:
         if out is None:
