@@ -117,9 +117,9 @@ class Harness:
             reports = []
             live = [e for e in self.engines.values() if not e.closed]
             for eng in live:
-                eng.test_switches.clear()
+                eng.seams.reset()
                 await eng.drain()
-            await self.base.backend.sched("set_gate", {"enabled": True})
+            await self.base.reset_seams()
             for eng in live:
                 reports.append(await eng.audit())
                 await eng.close()
@@ -154,7 +154,7 @@ def long8k(device, pool):
     for h in _harness(pool, "long-8k"):
         yield h
         h.run(h.base.backend.sched("set_step_tokens", {"tokens": None}))
-        h.run(h.base.backend.sched("set_closure", {"enabled": True}))
+        h.run(h.base.backend.sched("reset_switches"))
 
 
 @pytest.fixture

@@ -168,7 +168,7 @@ def test_dram_digest_mismatch_selects_cold(churn, verify):
     async def go():
         eng = churn.retire
         if not verify:
-            eng.test_switches["dram_verify"] = False
+            eng.seams.dram_verify = False
         _, revised, old = await _start(eng, "m", 68)
         async with HoldRestore(eng, "m") as hold:
             tr = await eng.supersede("m", 0, revised, SP_NEW, contract=DRAM)

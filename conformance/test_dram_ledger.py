@@ -1,139 +1,152 @@
-"""DramLedger, engine-free: the DRAM handoff's state machine on a real vLLM BlockPool, no engine.
+"""DRAM handoff ledger, engine-free: the engine half of the DRAM tier (retire/dram/engine.py) inside a real
+RetireScheduler with vLLM's own KVCacheManager and BlockPool, no model (conformance/fixtures/enginefree.py).
 
-The invariants under test (retire/dram.py):
-- a held handoff pins its source blocks until copy-out finishes (`offloaded` releases exactly that pin);
-- a restore that cannot get enough free blocks is refused with `cold: True` and takes nothing from the pool;
-- a transfer pins its destination blocks; an install for a retired epoch (a late transfer) frees them and installs
-  nothing; a generation mismatch on the destination turns the successor cold and frees them too;
-- after every path the refcount audit balances: ref_cnt == pins (there are no request tables here).
+The invariants under test:
+- a held handoff pins its source blocks until copy-out finishes (`offloaded` releases exactly that pin), and
+  allocation pressure inside that window never takes a pinned source block;
+- a restore that cannot get enough free blocks is refused with `cold: True` and takes nothing; the held successor is
+  then admitted cold (`cold_admit`);
+- a transfer pins its destination blocks (fresh ones, not the sources); an install for a retired epoch (a late
+  transfer) frees them and installs nothing; a generation mismatch on the destination turns the successor cold;
+- after every path the refcount audit balances (ref_cnt == table references + pins).
 
-Negative controls: the audit flags a pin left behind by hand, and the generation check flags a block reallocated
-during the transfer (the fault is a free + reallocation between `alloc` and `install`).
+Negative controls: the audit flags a pin dropped from the ledger without freeing its blocks, and the generation
+check flags a destination block reallocated during the transfer.
 """
 from __future__ import annotations
 
-from collections import Counter
-from types import SimpleNamespace
+import msgspec
 
-from vllm.v1.core.block_pool import BlockPool
+from conformance.fixtures.enginefree import EngineFreeCore
+from conformance.fixtures.prompts import revise, tokens
+from retire import Contract
+from retire.ledger import PinKey
 
-from retire.dram import DramLedger, _pin_key
-from retire.ledger import GenerationTable, PinLedger, refcount_audit
-
-
-NUM_BLOCKS = 16
+DRAM = Contract(dram_tier=True)
 
 
-class LedgerHost:
-    """The slice of RetireScheduler that DramLedger touches, around a real BlockPool."""
-
-    def __init__(self, num_blocks: int = NUM_BLOCKS):
-        pool = BlockPool(num_blocks, enable_caching=True, hash_block_size=32)
-        self.kv_cache_manager = SimpleNamespace(block_pool=pool)
-        self.pool = pool
-        self.retire_gens = GenerationTable(num_blocks)
-        self.retire_gens.wrap(pool)
-        self.retire_pins = PinLedger(pool)
-        self.retire_counters: Counter = Counter()
-        self.retire_current: dict = {}
-        self.retire_held: dict = {}
-        self.requests: dict = {}
-        self.released: list[str] = []
-
-    def _cmd_release(self, scope: str) -> None:
-        self.released.append(scope)
-        self.retire_held.pop(scope, None)
-
-    def audit(self) -> list[str]:
-        return refcount_audit(blocks=self.pool.blocks, tables=[], pins=self.retire_pins.counts(),
-                              null_block_id=self.pool.null_block.block_id)
+def _held_handoff(core: EngineFreeCore, scope: str = "s"):
+    """A predecessor with 200 computed prompt tokens, superseded under the DRAM tier by a revision sharing 150:
+    4 certified blocks pinned, the successor held."""
+    prompt = tokens(200, 7)
+    core.submit("t", scope, prompt)
+    core.step()
+    core.step()
+    res, succ = core.supersede("t", scope, 0, revise(prompt, 150, 220, 1), contract=DRAM)
+    assert res.refused is None and res.dram is not None and res.dram.tokens == 128, res
+    return res, succ
 
 
-def _held_handoff(h: LedgerHost, ledger: DramLedger, n_blocks: int = 4, scope: str = "s") -> tuple[str, list]:
-    """A predecessor's certified blocks, pinned as RESUME would, and a held successor at epoch 1."""
-    src = h.pool.get_new_blocks(n_blocks)
-    key = f"{scope}#0"
-    h.retire_pins.pin(key, "default", src)
-    h.pool.free_blocks(src)  # the predecessor ends: the pin is the only reference
-    succ = SimpleNamespace(request_id=f"{scope}#1")
-    h.requests[succ.request_id] = SimpleNamespace(num_computed_tokens=0)
-    h.retire_current[scope] = (1, succ.request_id)
-    h.retire_held[scope] = succ
-    assert ledger.hold(h, scope, key, succ, [src], n_blocks * 32, {"epoch": 1}) is None
-    return key, src
+def _cmd(core, op: str, key, **kw):
+    return core.s("dram", dict(op=op, key=msgspec.to_builtins(key), **kw))
 
 
 def test_offload_releases_the_source_pin_and_audit_balances():
-    h, ledger = LedgerHost(), DramLedger()
-    key, src = _held_handoff(h, ledger)
-    assert h.retire_pins.pinned("default") == 4 and not h.audit()
-    res = ledger.command(h, "offloaded", scope="s", epoch=1)
-    assert res["ok"] and res["released_blocks"] == 4
-    assert h.retire_pins.pinned("default") == 0 and not h.audit()
-    # a second copy-out report for the same epoch is stale: the state moved on
-    assert not ledger.command(h, "offloaded", scope="s", epoch=1)["ok"]
+    core = EngineFreeCore()
+    res, succ = _held_handoff(core)
+    src = [b for g in res.dram.src for b in g]
+    assert core.s.retire.pins.pinned("t") == 4
+    assert all(core.port.ref_counts()[b] == 1 for b in src)  # the predecessor is gone: only the handoff pin
+    v = core.audit()["violations"]  # mid-handoff: the pin and the held successor are reported, nothing leaked
+    assert len(v) == 2 and "dangling pins" in v[0] and "successors still held" in v[1], v
+    out = _cmd(core, "offloaded", res.key)
+    assert out["ok"] and out["released_blocks"] == 4 and core.s.retire.pins.pinned("t") == 0
+    assert not _cmd(core, "offloaded", res.key)["ok"]  # a second copy-out report is stale: the state moved on
 
 
-def test_restore_refused_when_free_blocks_run_short():
-    h, ledger = LedgerHost(), DramLedger()
-    key, _ = _held_handoff(h, ledger, n_blocks=4)
-    ledger.command(h, "offloaded", scope="s", epoch=1)
-    hog = h.pool.get_new_blocks(h.pool.get_num_free_blocks() - 3)  # leave 3 free, the restore needs 4
-    free_before = h.pool.get_num_free_blocks()
-    res = ledger.command(h, "alloc", scope="s", epoch=1)
-    assert res.get("cold") is True and "4 blocks needed, 3 free" in res["refused"], res
-    assert h.pool.get_num_free_blocks() == free_before  # nothing taken
-    assert not h.retire_pins.pins and ledger.pending["s"].state == "offloaded"
-    h.pool.free_blocks(hog)
-    assert not h.audit()
+def test_allocation_pressure_inside_the_pin_window_never_takes_a_source_block():
+    core = EngineFreeCore(num_blocks=24)
+    res, _ = _held_handoff(core)
+    src = {b for g in res.dram.src for b in g}
+    free = core.port.free_block_count()
+    fresh = core.port.alloc(free)  # every block the pool can give, while the sources are pinned
+    assert fresh is not None and len(fresh) == free and not src & set(fresh)
+    assert core.port.alloc(1) is None
+    assert all(core.port.ref_counts()[b] == 1 for b in src)
+    core.port.unpin(fresh)
 
 
-def test_transfer_pins_destination_and_late_install_frees_it():
-    h, ledger = LedgerHost(), DramLedger()
-    key, _ = _held_handoff(h, ledger)
-    ledger.command(h, "offloaded", scope="s", epoch=1)
-    res = ledger.command(h, "alloc", scope="s", epoch=1)
-    dst = [b for g in res["ids"] for b in g]
-    assert len(dst) == 4 and h.retire_pins.counts() == Counter(dst) and not h.audit()
+def test_restore_refused_when_free_blocks_run_short_then_admitted_cold():
+    core = EngineFreeCore(num_blocks=24)
+    res, succ = _held_handoff(core)
+    _cmd(core, "offloaded", res.key)
+    hog = core.port.alloc(core.port.free_block_count() - 3)  # leave 3 free, the restore needs 4
+    free_before = core.port.free_block_count()
+    out = _cmd(core, "alloc", res.key)
+    assert out.get("cold") is True and "4 blocks needed, 3 free" in out["refused"], out
+    assert core.port.free_block_count() == free_before and not core.s.retire.pins.pins
+    adm = _cmd(core, "cold_admit", res.key, reason=out["refused"])
+    assert adm["cold_reason"] and not core.s.retire.holds.held
+    core.port.unpin(hog)
+    core.drain()
+    assert core.audit()["valid"], core.audit()
+
+
+def test_transfer_pins_fresh_destination_and_late_install_frees_it():
+    core = EngineFreeCore()
+    res, succ = _held_handoff(core)
+    src = {b for g in res.dram.src for b in g}
+    _cmd(core, "offloaded", res.key)
+    out = _cmd(core, "alloc", res.key)
+    dst = [b for g in out["ids"] for b in g]
+    assert len(dst) == 4 and core.s.retire.pins.counts() == {b: 1 for b in dst}
     # a newer SUPERSEDE retires epoch 1 while the transfer is in flight
-    assert ledger.retire_stale(h, "s") == []  # transfer in flight: the frontend must not drop the key yet
-    h.retire_current["s"] = (2, "s#2")
-    out = ledger.command(h, "install", scope="s", epoch=1, key=key, ok=True)
-    assert out["accepted"] is False and out["late"] and out["freed_blocks"] == 4, out
-    assert not h.retire_pins.pins and not h.audit()
-    assert h.retire_counters["dram_rejected_late"] == 1 and not h.released
+    res2, _ = core.supersede("t", "s", 1, tokens(64, 9))
+    assert res2.refused is None and res2.dram_stale == ()  # transfer in flight: the frontend keeps the copy
+    late = _cmd(core, "install", res.key, ok=True)
+    assert late["accepted"] is False and late["late"] and late["freed_blocks"] == 4, late
+    assert not core.s.retire.pins.pins and core.s.retire.counters["dram_rejected_late"] == 1
+    core.drain()
+    assert core.audit()["valid"], core.audit()
+    assert src  # sources were certified blocks of the predecessor, never reused as destinations
+    assert not src & set(dst)
+
+
+def test_restored_successor_owns_the_destination_blocks():
+    core = EngineFreeCore()
+    res, succ = _held_handoff(core)
+    _cmd(core, "offloaded", res.key)
+    dst = _cmd(core, "alloc", res.key)["ids"]
+    out = _cmd(core, "install", res.key, ok=True)
+    assert out["accepted"] and out["inherited_tokens"] == 128
+    assert core.port.blocks(succ)[0][:4] == dst[0] and core.s.requests[succ].num_computed_tokens == 128
+    core.drain()
+    assert core.audit()["valid"], core.audit()
 
 
 def test_generation_mismatch_turns_the_successor_cold():
-    h, ledger = LedgerHost(), DramLedger()
-    key, _ = _held_handoff(h, ledger)
-    ledger.command(h, "offloaded", scope="s", epoch=1)
-    res = ledger.command(h, "alloc", scope="s", epoch=1)
-    victim = h.pool.blocks[res["ids"][0][0]]
+    core = EngineFreeCore()
+    res, succ = _held_handoff(core)
+    _cmd(core, "offloaded", res.key)
+    victim = _cmd(core, "alloc", res.key)["ids"][0][0]
     # the fault: the destination block is freed behind the pin's back and reallocated during the transfer
-    h.pool.free_blocks([victim])
-    again = h.pool.get_new_blocks(h.pool.get_num_free_blocks())
+    core.port.unpin([victim])
+    again = core.port.alloc(core.port.free_block_count())
     assert victim in again
-    out = ledger.command(h, "install", scope="s", epoch=1, key=key, ok=True)
+    out = _cmd(core, "install", res.key, ok=True)
     assert out["accepted"] is False and "generation mismatch" in out["cold_reason"], out
-    assert h.released == ["s"] and h.retire_counters["dram_cold"] == 1 and "s" not in ledger.pending
-    assert not h.retire_pins.pins  # the transfer pin is gone; the reallocated block belongs to `again` alone
+    assert core.s.retire.counters["dram_cold"] == 1 and not core.s.retire.holds.held
+    core.port.unpin([b for b in again if b != victim])
+    core.drain()
 
 
 def test_retire_stale_before_copy_out_releases_the_source_pin():
-    h, ledger = LedgerHost(), DramLedger()
-    key, _ = _held_handoff(h, ledger)
-    assert ledger.retire_stale(h, "s") == [key]  # no transfer in flight: the frontend drops the DRAM copy
-    assert not h.retire_pins.pins and not h.audit()
-    assert ledger.command(h, "offloaded", scope="s", epoch=1)["ok"] is False
+    core = EngineFreeCore()
+    res, _ = _held_handoff(core)
+    res2, _ = core.supersede("t", "s", 1, tokens(64, 9))
+    assert res2.dram_stale == (res.key,)  # no transfer in flight: the frontend drops the DRAM copy
+    assert not core.s.retire.pins.pins
+    assert _cmd(core, "offloaded", res.key)["ok"] is False
+    core.drain()
+    assert core.audit()["valid"], core.audit()
 
 
 def test_negative_control_audit_flags_a_leaked_pin():
-    h, ledger = LedgerHost(), DramLedger()
-    _held_handoff(h, ledger)
-    ledger.command(h, "offloaded", scope="s", epoch=1)
-    ledger.command(h, "alloc", scope="s", epoch=1)
+    core = EngineFreeCore()
+    res, _ = _held_handoff(core)
+    _cmd(core, "offloaded", res.key)
+    _cmd(core, "alloc", res.key)
     # the fault: the transfer pin is dropped from the ledger without freeing its blocks
-    h.retire_pins.pins.pop(_pin_key("s#0"))
-    problems = h.audit()
-    assert len(problems) == 4 and all("leaked" in p for p in problems), problems
+    core.s.retire.pins.pins.pop(PinKey(res.key, "transfer"))
+    problems = [v for v in core.audit()["violations"] if "leaked" in v]
+    assert len(problems) == 4, problems

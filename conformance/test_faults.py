@@ -5,12 +5,12 @@ import asyncio
 import pytest
 
 from retire.faults import FaultConflict, ForgedTenant, LateCompletion, SlowConsumer, compose
+from retire.switches import TestSeams
 
 
 class FakeFacade:
     def __init__(self):
-        self.hooks = {"on_dequeue": [], "after_yield": []}
-        self.test_switches = {}
+        self.seams = TestSeams()
 
 
 def test_composing_two_faults_on_one_operation_is_refused():
@@ -25,10 +25,10 @@ def test_heal_runs_when_the_test_body_fails():
 
     async def go():
         async with fault.on(eng):
-            assert eng.hooks["after_yield"] and eng.hooks["on_dequeue"] and eng.test_switches
+            assert eng.seams.after_yield and eng.seams.on_dequeue and eng.seams.successor_tenant == "x"
             raise RuntimeError("the test body failed")
 
     with pytest.raises(RuntimeError):
         asyncio.run(go())
-    assert eng.hooks == {"on_dequeue": [], "after_yield": []} and not eng.test_switches
+    assert eng.seams == TestSeams()
     assert not fault.injected and not any(f.injected for f in fault.faults)

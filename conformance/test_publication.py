@@ -72,7 +72,7 @@ def test_retire_publishes_zero_obsolete_tokens(unit):
 
 
 def test_negative_control_retire_with_gates_disabled_leaks(unit):
-    unit.retire.test_switches["gates"] = False
+    unit.retire.seams.gates = False
     per_trial = _run_trials(unit, unit.retire, stop_on_obsolete=True)
     assert sum(per_trial) > 0, "with the gates off the same scenario must expose obsolete tokens"
 
@@ -104,6 +104,6 @@ def test_late_completion_is_suppressed(unit):
 def test_negative_control_late_completion_leaks(unit, mode):
     eng = unit.native_prefix if mode == "native" else unit.retire
     if mode == "gates-off":
-        eng.test_switches["gates"] = False
+        eng.seams.gates = False
     obsolete, fault = unit.run(_late_completion(eng, "late", gated=False))
     assert fault.released == 1 and obsolete >= fault.held_tokens > 0

@@ -111,7 +111,7 @@ def test_replay_retire_publishes_nothing_and_advances_every_final(unit):
 
 def test_replay_gates_off_obsolete_frame_is_reported(unit):
     """Negative control: the same held frame, gates off -> the driver counts it as obsolete, as the facade does."""
-    unit.retire.test_switches["gates"] = False
+    unit.retire.seams.gates = False
     # without gate (b) the revoked version's stream is never closed client-side: the cleanup limit ends its consumer
     res, fault = _replay(unit, unit.retire, "retire", "rp2.", late=True, w=dataclasses.replace(W, cleanup_limit_s=3.0))
     m = res.metrics()

@@ -89,9 +89,9 @@ async def _closure_case(h, *, closure: bool, seed: int):
     prompt = repo_prompt(2 * unit, seed=seed)  # a prompt no earlier test cached
     revised = revise(prompt, 700, 3000, seed=seed)
     if not closure:
-        await h.retire.backend.sched("set_closure", {"enabled": False})
+        await h.retire.backend.sched("switches", {"closure": False})
     tr, _, _ = await land(h, "wc", unit=unit, layer=4, prompt=prompt, revised=revised)
-    await h.retire.backend.sched("set_closure", {"enabled": True})
+    await h.retire.backend.sched("switches", {"closure": True})
     await h.retire.submit("wc-again", prompt, SP_NEW)  # the OLD full prompt, served from the prefix cache
     again = await collect(h.retire, "wc-again")
     return tr, again, await h.oracle.clean_run(prompt, SP_NEW)

@@ -1,5 +1,5 @@
 """Pure checks of the safe-point cost model and the mailbox (no engine)."""
-from retire.mailbox import Mailbox, create_path
+from retire.mailbox import Mailbox, create_path, key
 from retire.safepoints import decide
 
 
@@ -25,11 +25,27 @@ def test_mailbox_round_trip_and_clear():
     try:
         mb.post("req-1", 4096, 8000)
         mb.post("req-2", 12, 40)
-        assert mb.revoked() == {"req-1": (4096, 8000), "req-2": (12, 40)}
+        assert mb.revoked() == {key("req-1"): (4096, 8000), key("req-2"): (12, 40)}
         assert mb.clear("req-1") and not mb.clear("req-1")
-        assert mb.revoked() == {"req-2": (12, 40)}
+        assert mb.revoked() == {key("req-2"): (12, 40)}
         other = Mailbox(mb.path)  # another process maps the same file
-        assert other.revoked() == {"req-2": (12, 40)}
+        assert other.revoked() == {key("req-2"): (12, 40)}
         other.close()
+    finally:
+        mb.unlink()
+
+
+def test_mailbox_keys_are_digests_of_the_whole_id():
+    """Long request ids that share a 96-byte prefix (the old truncation) stay distinct entries; a refusal-free
+    round trip of 1,000-character ids."""
+    mb = Mailbox(create_path())
+    try:
+        base = "retire-" + "s/#ü" * 250
+        a, b = base + "-epoch-1-aaaa", base + "-epoch-2-bbbb"
+        mb.post(a, 64, 100)
+        assert mb.is_posted(a) and not mb.is_posted(b)
+        mb.post(b, 32, 50)
+        assert mb.revoked() == {key(a): (64, 100), key(b): (32, 50)}
+        assert mb.clear(a) and mb.is_posted(b) and not mb.is_posted(a)
     finally:
         mb.unlink()

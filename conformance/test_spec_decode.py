@@ -136,8 +136,8 @@ def test_revision_during_active_speculative_decode(spec, extend):
 
 def test_negative_control_gates_off_publish_obsolete_speculative_tokens(spec):
     eng = spec.retire
-    eng.test_switches["gates"] = False
-    spec.run(eng.backend.sched("set_gate", {"enabled": False}))
+    eng.seams.gates = False
+    spec.run(eng.backend.sched("switches", {"gate": False}))
     st, tr, new, revised, obsolete = spec.run(_active_case(eng, "neg", 31, extend=0, gated=False))
     assert st is not None and st["accepted"] > 0
     assert obsolete > 0, "with the gates off the same speculative scenario must publish obsolete tokens"
@@ -146,7 +146,9 @@ def test_negative_control_gates_off_publish_obsolete_speculative_tokens(spec):
 def test_writer_frontier_excludes_in_flight_draft_slots():
     """Unit rule behind the receipts: KV of scheduled-but-unverified tokens (in flight, incl. drafts) is not
     written; vLLM rolls rejected drafts back out of num_computed_tokens at commit."""
+    port = adapter.engine().SchedulerPort.__new__(adapter.engine().SchedulerPort)
     scheduled = SimpleNamespace(num_computed_tokens=604, num_in_flight_tokens=4)  # 1 target + 3 drafts in flight
-    assert adapter.writer_frontier(scheduled) == 600
-    committed = SimpleNamespace(num_computed_tokens=602, num_in_flight_tokens=0)  # 2 drafts rejected, rolled back
-    assert adapter.writer_frontier(committed) == 602
+    port.s = SimpleNamespace(requests={"r": scheduled})
+    assert port.frontier("r") == 600
+    port.s.requests["r"] = SimpleNamespace(num_computed_tokens=602, num_in_flight_tokens=0)  # 2 drafts rejected
+    assert port.frontier("r") == 602

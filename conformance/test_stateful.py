@@ -154,7 +154,7 @@ class RetireMachine(RuleBasedStateMachine):
         async def fin():
             for name, sh in self.shadow.items():
                 if sh.armed:
-                    await self.eng.backend.sched("disarm", {"scope": self.eng.table.engine_key("default", name)})
+                    await self.eng.backend.sched("disarm", {"scope": self.eng.table.key("default", name)})
                 for agen in sh.streams.values():
                     await agen.aclose()
             await self.eng.drain()

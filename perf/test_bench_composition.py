@@ -56,7 +56,7 @@ async def _landed_trial(eng, arm: str, judge: Judge, prompt, revised, layer: int
     """Submit, hold the worker at `layer` of the first (4096-token) step, issue SUPERSEDE, release, follow."""
     await reset_prefix_cache(eng)
     contract = Contract(inherit=False) if arm == "invalidate-only" else Contract()
-    eng.test_switches["safe_points"] = arm != "inherit-only"
+    eng.seams.safe_points = arm != "inherit-only"
     scope = f"c-{tag}"
     try:
         await eng.submit(scope, prompt, SP_OLD)
@@ -65,7 +65,7 @@ async def _landed_trial(eng, arm: str, judge: Judge, prompt, revised, layer: int
         async with LandInStep(eng, layer) as land:
             await land.paused()
             task = asyncio.ensure_future(eng.supersede(scope, 0, revised, SP_NEW, contract=contract))
-            if eng.policy == "retire" and eng.test_switches["safe_points"]:
+            if eng.policy == "retire" and eng.seams.safe_points:
                 await land.posted(old_id)     # the revocation is visible to the worker before it moves on
             else:
                 await asyncio.sleep(0)        # let the call start (t_call recorded); the abort lands after the step
@@ -73,7 +73,7 @@ async def _landed_trial(eng, arm: str, judge: Judge, prompt, revised, layer: int
         new = await collect(eng, scope, 1)
         await old
     finally:
-        eng.test_switches.pop("safe_points", None)
+        eng.seams.safe_points = True
     reused = int(tr.inherited_tokens or 0)
     ok, verdict = await judge.check(eng.policy, revised, SP_NEW, new, reused)
     return Trial(ok=ok, verdict=verdict, ttft=tr.successor_ttft, reused=reused, fence=tr.fence_latency,

@@ -1,19 +1,25 @@
-"""Authority: the frontend's scope table. (tenant, scope) -> current epoch, and every version's publication state.
+"""Authority, frontend side: the facade's scope table. (tenant, scope) -> current epoch and every version's state.
 
 Invariants:
-- Exactly one epoch of a scope is current; epochs only increase, by one, through `advance` (a compare-and-swap on
-  the expected epoch). A stale or duplicate SUPERSEDE raises `StaleEpoch`; an unknown (tenant, scope) raises
-  `UnknownScope`; neither changes anything.
-- A version is `revoked` from the instant its successor's epoch became current (`revoked_at`, the linearization
-  point). A revoked version publishes nothing further under the "retire" policy.
+- The engine's version table (retire/versions.py) is the one commit point of a SUPERSEDE; this table mirrors what
+  the engine committed. Exactly one epoch of a scope is current; epochs only increase, by one, through `advance`,
+  which runs only after the engine accepted the transition. A refused SUPERSEDE (`StaleEpoch`, `UnknownScope`, or an
+  engine refusal) changes nothing here.
+- SUPERSEDEs of one scope are serialized (`lock`): of two concurrent calls naming the same expected epoch, exactly
+  one can win; the other sees the new epoch and gets `StaleEpoch`.
+- While a transition of a version is in flight (`pending`), that version's consumers publish nothing: if the
+  engine accepts, the version is revoked and its held frames are dropped; if it refuses, they are delivered.
+- Identities are typed: `key(tenant, scope)` is a `ScopeKey` with this facade's namespace, never a joined string.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ScopeExists, StaleEpoch, UnknownScope
+from .types import ScopeKey, VersionKey
 
 
 @dataclass
@@ -21,7 +27,7 @@ class Version:
     scope: str
     tenant: str
     epoch: int
-    external_id: str
+    key: VersionKey
     prompt: list[int]
     internal_id: str | None = None
     collector: Any = None
@@ -32,10 +38,15 @@ class Version:
     obsolete_published: int = 0
     transition: Any = None  # the Transition that created this version (None for epoch 0)
     consumers: int = 0      # streams currently reading this version
+    pending: asyncio.Future | None = None  # a SUPERSEDE of this version is in flight: publication waits on it
 
     @property
     def revoked(self) -> bool:
         return self.revoked_at is not None
+
+    @property
+    def external_id(self) -> str:
+        return self.key.request_id()
 
 
 @dataclass
@@ -45,6 +56,7 @@ class Scope:
     epoch: int
     versions: dict[int, Version] = field(default_factory=dict)
     transitions: list = field(default_factory=list)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
     def current(self) -> Version:
@@ -53,11 +65,11 @@ class Scope:
 
 class ScopeTable:
     def __init__(self, namespace: str):
-        self.namespace = namespace  # keeps engine-side scope keys of sibling facades apart
+        self.namespace = namespace  # keeps engine-side scopes of sibling facades apart
         self.scopes: dict[tuple[str, str], Scope] = {}
 
-    def engine_key(self, tenant: str, scope: str) -> str:
-        return f"{self.namespace}/{tenant}/{scope}"
+    def key(self, tenant: str, scope: str) -> ScopeKey:
+        return ScopeKey(self.namespace, tenant, scope)
 
     def get(self, tenant: str, scope: str) -> Scope:
         s = self.scopes.get((tenant, scope))
@@ -66,12 +78,15 @@ class ScopeTable:
         return s
 
     def create(self, tenant: str, scope: str, version: Version) -> Scope:
-        if (tenant, scope) in self.scopes:
-            raise ScopeExists(f"scope {scope!r} of tenant {tenant!r} exists (current epoch "
-                              f"{self.scopes[(tenant, scope)].epoch}); revise it with supersede()")
+        self.check_new(tenant, scope)
         s = Scope(tenant, scope, 0, {0: version})
         self.scopes[(tenant, scope)] = s
         return s
+
+    def check_new(self, tenant: str, scope: str) -> None:
+        if (tenant, scope) in self.scopes:
+            raise ScopeExists(f"scope {scope!r} of tenant {tenant!r} exists (current epoch "
+                              f"{self.scopes[(tenant, scope)].epoch}); revise it with supersede()")
 
     def check(self, tenant: str, scope: str, expected_epoch: int) -> Scope:
         s = self.get(tenant, scope)
@@ -80,7 +95,7 @@ class ScopeTable:
         return s
 
     def advance(self, s: Scope, expected_epoch: int, successor: Version) -> Version:
-        """ADVANCE (linearization point): make expected_epoch + 1 current and revoke the old version."""
+        """Mirror the engine's ADVANCE: make expected_epoch + 1 current and revoke the old version."""
         if expected_epoch != s.epoch:
             raise StaleEpoch(f"scope {s.scope!r}: expected epoch {expected_epoch}, current is {s.epoch}")
         old = s.current

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 class HoldSuccessor:
     def __init__(self, eng, scope: str, tenant: str = "default"):
-        self.eng, self.key = eng, eng.table.engine_key(tenant, scope)
+        self.eng, self.key = eng, eng.table.key(tenant, scope)
         self.released = False
 
     async def __aenter__(self) -> "HoldSuccessor":
@@ -52,7 +52,7 @@ class LandInStep:
         import asyncio
         import time
         t0 = time.monotonic()
-        while req_id not in self.mb.revoked():
+        while not self.mb.is_posted(req_id):
             if time.monotonic() - t0 > timeout:
                 raise TimeoutError(f"revocation of {req_id} never posted")
             await asyncio.sleep(0.001)

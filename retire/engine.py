@@ -2,33 +2,43 @@
 
 Invariants:
 - Every frame a consumer receives carries (scope, epoch), and its epoch is checked at dequeue (gate (c)).
-- Under "retire" no token of epoch e is yielded after `supersede(e -> e+1)` was called: gate (b) drops the old request
-  from the output processor at ADVANCE, gate (c) drops anything already dequeued-but-not-yielded, and the engine-side
-  transition (gate (a)) commits nothing of e after the step boundary. `stats()["obsolete_tokens_published"]` counts
-  violations and must stay 0 under "retire"; under the native policies it measures the problem.
-- A call that raises changed nothing: validation (scope, epoch, prompt, contract, vLLM's own input checks) completes
-  before ADVANCE.
+- Under "retire" no token of epoch e is yielded after `supersede(e -> e+1)` was called and accepted: publication of e
+  waits while the SUPERSEDE is in flight, gate (b) drops the old request from the output processor once the engine
+  committed, gate (c) drops anything dequeued after that (retire/publication.py), and the engine commits nothing of
+  e after its ADVANCE (gate (a)). `stats()["obsolete_tokens_published"]` counts violations and must stay 0.
+- A call that raises changed nothing, on both sides: validation (scope, epoch, prompt, contract, vLLM's own input
+  checks) completes before anything is sent; the engine's version table is the one commit point, and the scope
+  table here mirrors it only after the engine accepted (a refused SUPERSEDE leaves the old version current and
+  streaming, and the successor never existed). SUPERSEDEs of one scope are serialized; once the successor is sent,
+  the transition completes even if the caller is cancelled.
+- Identities are typed (`ScopeKey`, `VersionKey`): no tenant or scope string can alias another's.
 """
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import contextlib
 import itertools
 import time
 import uuid
 from collections import Counter
 from typing import AsyncIterator, Sequence
 
+import msgspec
+
 from .authority import Scope, ScopeTable, Version
 from .align import common_prefix_len
 from .backend import Backend
-from .errors import (AuditFailed, EngineClosed, InvalidRequest, RetireError, SupersedeRefused,
-                     UnsupportedContract)
-from .types import MODES, Certificate, Contract, Frame, Receipt, Transition
+from .errors import (AuditFailed, EngineClosed, InvalidRequest, RetireError, StaleEpoch, SupersedeRefused,
+                     UnknownScope, UnsupportedContract)
+from .publication import publish
+from .switches import TestSeams
+from .types import (MODES, Contract, Frame, RequestTag, Supersede, Transition, TransitionResult, VersionKey,
+                    encode)
 
 POLICIES = ("retire", "native-cold", "native-prefix")
 _ns = itertools.count()
 now = time.monotonic
+REFUSALS = {"unknown-scope": UnknownScope, "stale-epoch": StaleEpoch}
 
 
 class RetireEngine:
@@ -45,14 +55,10 @@ class RetireEngine:
         self.policy = policy
         self.backend = backend
         backend.refs += 1
-        self._owner = backend.refs == 1
-        self.table = ScopeTable(f"{policy}.{next(_ns)}.{uuid.uuid4().hex[:6]}")
+        self.table = ScopeTable(f"{policy}.{next(_ns)}.{uuid.uuid4().hex[:8]}")
         self.counters: Counter = Counter()
         self.closed = False
-        self.test_switches: dict = {}  # test-only: {"gates": False} disables gates (b)+(c) for negative controls
-        # Fault seams (retire/faults): async callables. on_dequeue(eng, version, output) -> output runs between
-        # dequeue and the epoch check; after_yield(eng, frame) runs after the consumer got a frame.
-        self.hooks: dict[str, list] = {"on_dequeue": [], "after_yield": []}
+        self.seams = TestSeams()  # test-only switches and fault hooks (retire/switches.py); reset_seams() resets
         self._epoch_events: dict[tuple[str, str], asyncio.Event] = {}
 
     # ------------------------------------------------------------------ construction helpers
@@ -92,25 +98,24 @@ class RetireEngine:
             raise UnsupportedContract("dram_tier carries inherited state: it needs inherit=True")
         return c
 
-    def _params(self, sampling_params, meta: dict):
+    def _params(self, sampling_params, tag: RequestTag):
         from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
 
         if not isinstance(sampling_params, SamplingParams):
             raise InvalidRequest("sampling_params must be a vllm.SamplingParams")
         if sampling_params.n != 1:
             raise InvalidRequest("retire supports n == 1 per version")
         sp = sampling_params.clone()
-        sp.output_kind = RequestOutputKind.DELTA
-        sp.extra_args = dict(sp.extra_args or {}, retire=meta)
+        sp.output_kind = self.backend.fe.output_kind_delta()
+        sp.extra_args = dict(sp.extra_args or {}, retire=encode(tag))
         return sp
 
-    def _prompt(self, toks: list[int], epoch: int, key: str, cache_salt: str | None = None) -> dict:
+    def _prompt(self, toks: list[int], cache_salt: str | None = None) -> dict:
         p: dict = {"prompt_token_ids": toks}
         if cache_salt is not None:
             p["cache_salt"] = cache_salt
         if self.policy == "native-cold":
-            p["cache_salt"] = f"cold:{key}#{epoch}:{uuid.uuid4().hex[:8]}"  # guarantees no prefix reuse
+            p["cache_salt"] = f"cold-{uuid.uuid4().hex}"  # guarantees no prefix reuse
         return p
 
     # ------------------------------------------------------------------ API
@@ -119,16 +124,16 @@ class RetireEngine:
         """Start scope `scope` at epoch 0. `cache_salt` puts its KV in a private prefix-cache namespace (vLLM's
         cache_salt); a successor with another salt cannot inherit (config mismatch)."""
         self._check_open()
+        _check_names(tenant, scope)
         toks = self._validate_prompt(prompt_token_ids)
         if self.policy == "retire" and self.backend.safe_points is None:
             await self.backend.ensure_safe_points()
-        if (tenant, scope) in self.table.scopes:
-            self.table.create(tenant, scope, None)  # raises ScopeExists
-        key = self.table.engine_key(tenant, scope)
-        meta = {"scope": key, "epoch": 0, "tenant": tenant, "policy": self.policy}
-        prep = await self.backend.prepare(f"{key}#0", self._prompt(toks, 0, key, cache_salt),
-                                          self._params(sampling_params, meta))
-        v = Version(scope, tenant, 0, f"{key}#0", toks, prep.internal_id, prep.collector, t_submit=now())
+        self.table.check_new(tenant, scope)
+        key = VersionKey(self.table.key(tenant, scope), 0)
+        prep = await self.backend.prepare(key.request_id(), self._prompt(toks, cache_salt),
+                                          self._params(sampling_params, RequestTag(key, self.policy)))
+        self.table.check_new(tenant, scope)  # another submit of this scope may have run while vLLM validated
+        v = Version(scope, tenant, 0, key, toks, prep.internal_id, prep.collector, t_submit=now())
         self.table.create(tenant, scope, v)
         await self.backend.send(prep)
         self.counters["submitted"] += 1
@@ -142,78 +147,117 @@ class RetireEngine:
         t_call = now()
         self._check_open()
         try:
+            _check_names(tenant, scope)
             s = self.table.check(tenant, scope, expected_epoch)
             toks = self._validate_prompt(prompt_token_ids)
             contract = self._validate_contract(contract)
         except RetireError:
             self.counters["refused"] += 1
             raise
-        key = self.table.engine_key(tenant, scope)
-        epoch = expected_epoch + 1
-        meta = {"scope": key, "epoch": epoch, "tenant": tenant, "policy": self.policy}
-        if self.policy == "retire":
-            meta.update(supersede=True, expected_epoch=expected_epoch, contract=contract.to_wire())
-            forged = self.test_switches.get("successor_tenant")
-            if forged is not None:
-                meta["tenant"] = forged
-        prep = await self.backend.prepare(f"{key}#{epoch}", self._prompt(toks, epoch, key, cache_salt),
-                                          self._params(sampling_params, meta))
-        succ = Version(scope, tenant, epoch, f"{key}#{epoch}", toks, prep.internal_id, prep.collector)
-        # ADVANCE (frontend linearization point)
-        old = self.table.advance(s, expected_epoch, succ)
+        async with s.lock:  # SUPERSEDEs of one scope are serialized: of two with one expected epoch, one wins
+            try:
+                self.table.check(tenant, scope, expected_epoch)
+            except RetireError:
+                self.counters["refused"] += 1
+                raise
+            key = VersionKey(self.table.key(tenant, scope), expected_epoch + 1)
+            posted = self._will_post(s.current) if self.policy == "retire" else None
+            tag = RequestTag(key, self.policy,
+                             Supersede(expected_epoch, contract, posted) if self.policy == "retire" else None)
+            if self.seams.successor_tenant is not None:  # ForgedTenant: the successor names another tenant's scope
+                tag = msgspec.structs.replace(tag, key=VersionKey(self.table.key(self.seams.successor_tenant, scope),
+                                                                  key.epoch))
+            prep = await self.backend.prepare(key.request_id(), self._prompt(toks, cache_salt),
+                                              self._params(sampling_params, tag))
+            succ = Version(scope, tenant, key.epoch, key, toks, prep.internal_id, prep.collector)
+            run = self._commit_retire if self.policy == "retire" else self._commit_native
+            task = asyncio.ensure_future(run(s, succ, prep, tag, contract, t_call))
+            try:
+                return await asyncio.shield(task)
+            except asyncio.CancelledError:  # the successor was sent: finish the transition under the lock
+                with contextlib.suppress(BaseException):
+                    await task
+                raise
+
+    async def _commit_retire(self, s: Scope, succ: Version, prep, tag: RequestTag, contract: Contract,
+                             t_call: float) -> Transition:
+        old = s.current
+        if tag.supersede.posted is not None:
+            self._post_revocation(old, succ.prompt, contract)
+        old.pending = asyncio.get_running_loop().create_future()
+        accepted = False
+        try:
+            await self.backend.send(prep)
+            res = await self.backend.result(tag.key)
+            if res is None or res.refused:
+                self.backend.drop_local(prep.internal_id)  # the successor never existed
+                self.counters["refused"] += 1
+                raise REFUSALS.get(res.refused_kind if res else None, SupersedeRefused)(
+                    f"engine refused the SUPERSEDE: {res.refused if res else 'no result'}")
+            self.table.advance(s, tag.supersede.expected_epoch, succ)  # mirror the engine's ADVANCE
+            accepted = True
+            if self.seams.gates:
+                self.backend.drop_local(old.internal_id)  # gate (b)
+        finally:
+            fut, old.pending = old.pending, None
+            fut.set_result(accepted)
+        succ.t_submit = now()
+        self._advanced(s)
+        tr = self._retire_transition(s.scope, succ.epoch, res, t_call)
+        if contract.digests and tr.certificate is not None:
+            ids = [b for g in tr.certificate.block_ids for b in g]
+            digests = (await self.backend.worker("retire_block_digests", ids))[0]
+            tr.certificate = msgspec.structs.replace(tr.certificate, digests=tuple(digests))
+        from .dram import frontend as dram
+        tr = await dram.after_supersede(self, s.tenant, tr, res)  # DRAM tier; stale DRAM copies
+        return self._record(s, succ, tr)
+
+    def _will_post(self, old: Version) -> str | None:
+        """The request id this SUPERSEDE will revoke in the mailbox (safe points active, the old version running)."""
+        sp = self.backend.safe_points
+        return old.internal_id if sp and sp["active"] and not old.finished and self.seams.safe_points else None
+
+    def _post_revocation(self, old: Version, toks: list[int], contract: Contract) -> None:
+        """Mailbox first: a step of the old version running right now sees the revocation at its next safe point,
+        before the engine loop (blocked on that step) can read the SUPERSEDE. A contract that can inherit nothing
+        (inherit=False, a zero pin quota) makes the whole running chunk obsolete: the cost model then sees lcp 0.
+        The engine retires the entry when it processes the SUPERSEDE, accepted or refused."""
+        reusable = contract.inherit and contract.pin_quota_blocks != 0
+        self.backend.mailbox.post(old.internal_id, common_prefix_len(old.prompt, toks) if reusable else 0, len(toks))
+
+    async def _commit_native(self, s: Scope, succ: Version, prep, tag, contract, t_call: float) -> Transition:
+        old = self.table.advance(s, tag.key.epoch - 1, succ)
         t_adv = now()
-        ev = self._epoch_events.pop((tenant, scope), None)
+        self._advanced(s)
+        await self.backend.abort(old.internal_id)
+        succ.t_submit = now()
+        await self.backend.send(prep)
+        closed = await self.backend.sched("closed_at", {"req_ids": [old.internal_id]})
+        t_closed = closed.get(old.internal_id)
+        cold = self.policy == "native-cold"
+        tr = Transition(s.scope, succ.epoch, self.policy, 0 if cold else None, None,
+                        "native abort: no certified handoff" if cold else None,
+                        {"advance": t_adv - t_call, "admit": now() - t_call},
+                        fence_latency=(max(0.0, t_closed - t_call) if t_closed else 0.0), t_call=t_call)
+        return self._record(s, succ, tr)
+
+    def _advanced(self, s: Scope) -> None:
+        ev = self._epoch_events.pop((s.tenant, s.scope), None)
         if ev is not None:
             ev.set()
-        if self.policy == "retire":
-            if self.backend.safe_points and self.backend.safe_points["active"] and not old.finished \
-                    and self.test_switches.get("safe_points", True):
-                # mailbox first: a step of the old version running right now sees the revocation at its next
-                # safe point, before the engine loop (blocked on that step) can read the SUPERSEDE.
-                # A contract that can inherit nothing (inherit=False, a zero pin quota) makes the whole running
-                # chunk obsolete: the cost model then sees lcp 0 and cuts.
-                reusable = contract.inherit and contract.pin_quota_blocks != 0
-                lcp = common_prefix_len(old.prompt, toks) if reusable else 0
-                self.backend.mailbox.post(old.internal_id, lcp, len(toks))
-            if self.test_switches.get("gates", True):
-                self.backend.drop_local(old.internal_id)  # gate (b)
-            succ.t_submit = now()
-            await self.backend.send(prep)
-            res = await self.backend.sched("result", {"key": f"{key}#{epoch}"})
-            tr = self._retire_transition(scope, epoch, res, t_call, t_adv)
-            if contract.digests and tr.certificate is not None:
-                ids = [b for g in tr.certificate.block_ids for b in g]
-                digests = (await self.backend.worker("retire_block_digests", ids))[0]
-                tr.certificate = dataclasses.replace(tr.certificate, digests=tuple(digests))
-            from . import dram
-            tr = await dram.after_supersede(self, scope, tenant, epoch, tr, res)  # DRAM tier; stale DRAM copies
-        else:
-            await self.backend.abort(old.internal_id)
-            succ.t_submit = now()
-            await self.backend.send(prep)
-            closed = await self.backend.sched("closed_at", {"req_ids": [old.internal_id]})
-            t_closed = closed.get(old.internal_id)
-            inherited = 0 if self.policy == "native-cold" else None  # native-prefix: known at first frame
-            tr = Transition(scope, epoch, self.policy, inherited, None,
-                            "native abort: no certified handoff" if self.policy == "native-cold" else None,
-                            {"advance": t_adv - t_call, "admit": now() - t_call},
-                            fence_latency=(max(0.0, t_closed - t_call) if t_closed else 0.0), t_call=t_call)
+
+    def _record(self, s: Scope, succ: Version, tr: Transition) -> Transition:
         succ.transition = tr
         s.transitions.append(tr)
         self.counters["supersedes"] += 1
         return tr
 
-    def _retire_transition(self, scope: str, epoch: int, res: dict | None, t_call: float, t_adv: float) -> Transition:
-        if res is None or res.get("refused"):
-            raise RetireError(f"engine refused a SUPERSEDE the frontend accepted: {res}")  # frontend/engine disagree
-        timings = dict(res.get("timings", {}))
-        timings["advance_frontend"] = t_adv - t_call
+    def _retire_transition(self, scope: str, epoch: int, res: TransitionResult, t_call: float) -> Transition:
+        timings = dict(res.timings)
         timings["admit"] = now() - t_call
-        cert = Certificate.from_wire(res.get("certificate"))
-        receipts = tuple(Receipt(**r) for r in res.get("receipts", ()))
-        fence = res.get("fence_closed_at")
-        tr = Transition(scope, epoch, "retire", int(res.get("inherited_tokens", 0)), cert, res.get("cold_reason"),
-                        timings, receipts, fence_latency=(fence - t_call) if fence else None, t_call=t_call)
+        tr = Transition(scope, epoch, "retire", res.inherited_tokens, res.certificate, res.cold_reason, timings,
+                        res.receipts, fence_latency=(res.fence_closed_at - t_call) if res.fence_closed_at else None,
+                        t_call=t_call)
         self.counters["inherited_tokens"] += tr.inherited_tokens
         self.counters["cold" if not tr.inherited_tokens else "inherited"] += 1
         return tr
@@ -237,67 +281,10 @@ class RetireEngine:
             raise InvalidRequest(f"scope {scope!r} epoch {v.epoch} already has a consumer")
         v.consumers += 1
         try:
-            async for item in self._stream(v):
+            async for item in publish(self, v):
                 yield item
         finally:
             v.consumers -= 1
-
-    async def _stream(self, v: Version) -> AsyncIterator[tuple[Frame, object | None]]:
-        scope = v.scope
-        gated = self.policy == "retire" and self.test_switches.get("gates", True)
-        while not v.finished:
-            q = v.collector
-            if gated and v.revoked:  # gate (c) before blocking: count what was queued, publish nothing
-                self._suppress(q.get_nowait())
-                yield self._end_revoked(v), None
-                return
-            out = q.get_nowait() or await q.get()
-            for hook in self.hooks["on_dequeue"]:
-                out = await hook(self, v, out)
-            co = out.outputs[0] if out.outputs else None
-            toks = tuple(co.token_ids) if co is not None else ()
-            aborted = co is not None and co.finish_reason == "abort"
-            if gated and v.revoked:  # gate (c): the frame reached dequeue after ADVANCE
-                self._suppress(out)
-                yield self._end_revoked(v), None
-                return
-            if toks:
-                v.tokens_out += len(toks)
-                if v.revoked:
-                    v.obsolete_published += len(toks)
-                    self.counters["obsolete_tokens_published"] += len(toks)
-                    self.counters["obsolete_frames_published"] += 1
-                tr = v.transition
-                if tr is not None and tr.successor_ttft is None:
-                    tr.successor_ttft = now() - tr.t_call
-                    if tr.inherited_tokens is None:
-                        tr.inherited_tokens = int(out.num_cached_tokens or 0)
-            lps = top = None
-            if co is not None and co.logprobs:
-                lps = tuple(float(d[t].logprob) for t, d in zip(toks, co.logprobs))
-                top = tuple({int(k): float(x.logprob) for k, x in d.items()} for d in co.logprobs)
-            finished = bool(out.finished)
-            if finished:
-                v.finished = True
-            if toks or finished:
-                frame = Frame(scope, v.epoch, toks, finished and not aborted, revoked=v.revoked and aborted,
-                              logprobs=lps, num_cached_tokens=out.num_cached_tokens, top_logprobs=top)
-                yield frame, out
-                for hook in self.hooks["after_yield"]:
-                    await hook(self, frame)
-            if aborted and toks:
-                yield self._end_revoked(v), None
-
-    def _suppress(self, out) -> None:
-        if out is None:
-            return
-        n = sum(len(o.token_ids) for o in out.outputs)
-        self.counters["obsolete_frames_suppressed"] += 1
-        self.counters["obsolete_tokens_suppressed"] += n
-
-    def _end_revoked(self, v: Version) -> Frame:
-        v.finished = True
-        return Frame(v.scope, v.epoch, (), finished=True, revoked=True)
 
     async def wait_epoch(self, scope: str, epoch: int, tenant: str = "default") -> None:
         """Barrier: return once `epoch` (or a later one) is current for the scope (set at ADVANCE)."""
@@ -327,13 +314,12 @@ class RetireEngine:
         self._check_open()
         rep = await self.backend.sched("audit")
         violations = list(rep["violations"])
-        op = self.backend.llm.output_processor
         for s in self.table.scopes.values():
             live = [v.epoch for v in s.versions.values() if not v.finished and not v.revoked]
             if len(live) > 1:
                 violations.append(f"scope {s.scope!r} has {len(live)} live current versions")
             for v in s.versions.values():
-                if v.revoked and v.internal_id in op.request_states:
+                if v.revoked and self.backend.registered(v.internal_id):
                     violations.append(f"revoked version {v.external_id} still registered client-side")
         rep = dict(rep, violations=violations, valid=not violations)
         if violations:
@@ -347,12 +333,18 @@ class RetireEngine:
             if v.consumers:
                 continue
             if v.revoked:
-                if v.internal_id in self.backend.llm.output_processor.request_states:
+                if self.backend.registered(v.internal_id):
                     self.backend.drop_local(v.internal_id)  # gates were off (negative control): forget it now
                 v.finished = True
                 continue
             async for _ in self.stream(v.scope, v.epoch, v.tenant):
                 pass
+
+    async def reset_seams(self) -> None:
+        """Restore every test switch and fault hook to production behaviour: this facade's, and the engine's (shared
+        by sibling facades: gate (a), writer closure, armed one-shot hooks)."""
+        self.seams.reset()
+        await self.backend.sched("reset_switches")
 
     async def close(self) -> None:
         if self.closed:
@@ -365,3 +357,14 @@ class RetireEngine:
         self.backend.refs -= 1
         if self.backend.refs == 0:
             self.backend.shutdown()
+
+
+def _check_names(tenant, scope) -> None:
+    """Any string is a valid tenant or scope name ("/", "#", unicode, long); it must be encodable."""
+    for what, x in (("tenant", tenant), ("scope", scope)):
+        if not isinstance(x, str):
+            raise InvalidRequest(f"{what} must be a str, got {type(x).__name__}")
+        try:
+            x.encode()
+        except UnicodeEncodeError as e:
+            raise InvalidRequest(f"{what} is not valid unicode: {e}") from e

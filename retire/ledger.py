@@ -1,10 +1,12 @@
-"""Block generations, handoff pins and the refcount audit (engine side, no vLLM imports).
+"""Block generations, handoff pins and the refcount audit (engine side; speaks the KV port, no vLLM imports).
 
 Invariants:
-- Every allocation of a physical block bumps its generation (`GenerationTable.wrap` wraps the pool's
-  `get_new_blocks` instance method; a prefix-cache `touch` of a retained block does not bump, its content is kept).
-- A handoff pin is one extra reference on each certified block, held from FENCE until the successor's adoption is
-  verified, and counted against its tenant's quota. `PinLedger.release` is the only way a pin ends.
+- Every allocation of a physical block bumps its generation (`GenerationTable.attach` hooks the port's allocator;
+  a prefix-cache `touch` of a retained block does not bump, its content is kept).
+- A pin is one extra reference on each block it names, keyed by a typed `PinKey` (the version it serves and its
+  kind: "handoff" from FENCE until adoption, "transfer" for a DRAM restore in flight) and counted against its tenant.
+  `release` is the only way a pin ends; `adopt` records blocks whose reference the caller already holds (a fresh
+  allocation) without taking another.
 - For every non-null block: ref_cnt == (references from live requests' block tables) + (pins). `refcount_audit`
   reports any block where that fails; at drain every block is free.
 """
@@ -12,7 +14,9 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Iterable, Mapping, NamedTuple, Sequence
+
+from .types import VersionKey
 
 
 class GenerationTable:
@@ -28,47 +32,54 @@ class GenerationTable:
     def of(self, block_ids: Sequence[int]) -> tuple[int, ...]:
         return tuple(self.gen[b] for b in block_ids)
 
-    def wrap(self, pool: Any) -> None:
-        """Install the allocation hook on a vLLM BlockPool instance (its class cannot be subclassed: the
-        coordinator constructs it)."""
-        original: Callable = pool.get_new_blocks
+    def attach(self, port) -> None:
+        port.on_alloc(self.bump)
 
-        def get_new_blocks(num_blocks: int):
-            blocks = original(num_blocks)
-            self.bump(b.block_id for b in blocks)
-            return blocks
 
-        pool.get_new_blocks = get_new_blocks
+class PinKey(NamedTuple):
+    version: VersionKey
+    kind: str  # "handoff" | "transfer"
 
 
 @dataclass
 class Pin:
-    key: str
     tenant: str
-    blocks: list  # KVCacheBlock objects, all groups flattened
+    blocks: list[int]
 
 
 @dataclass
 class PinLedger:
-    pool: Any
-    pins: dict[str, Pin] = field(default_factory=dict)
+    port: object
+    pins: dict[PinKey, Pin] = field(default_factory=dict)
     by_tenant: Counter = field(default_factory=Counter)
 
     def pinned(self, tenant: str) -> int:
         return self.by_tenant[tenant]
 
-    def pin(self, key: str, tenant: str, blocks: list) -> None:
-        if key in self.pins:
-            raise RuntimeError(f"pin {key!r} already held")
-        self.pool.touch(blocks)
-        self.pins[key] = Pin(key, tenant, list(blocks))
-        self.by_tenant[tenant] += len(blocks)
+    def pin(self, key: PinKey, tenant: str, block_ids: Sequence[int]) -> None:
+        """Take one reference on each block (blocks must be live or cached: pinning a free block revives it)."""
+        self._check_new(key)
+        self.port.pin(block_ids)
+        self._record(key, tenant, block_ids)
 
-    def release(self, key: str) -> int:
+    def adopt(self, key: PinKey, tenant: str, block_ids: Sequence[int]) -> None:
+        """Record blocks whose single reference the caller already holds (e.g. from `port.alloc`)."""
+        self._check_new(key)
+        self._record(key, tenant, block_ids)
+
+    def _check_new(self, key: PinKey) -> None:
+        if key in self.pins:
+            raise RuntimeError(f"pin {key} already held")
+
+    def _record(self, key: PinKey, tenant: str, block_ids: Sequence[int]) -> None:
+        self.pins[key] = Pin(tenant, list(block_ids))
+        self.by_tenant[tenant] += len(block_ids)
+
+    def release(self, key: PinKey) -> int:
         pin = self.pins.pop(key, None)
         if pin is None:
             return 0
-        self.pool.free_blocks(reversed(pin.blocks))
+        self.port.unpin(pin.blocks)
         self.by_tenant[pin.tenant] -= len(pin.blocks)
         if not self.by_tenant[pin.tenant]:
             del self.by_tenant[pin.tenant]
@@ -77,26 +88,24 @@ class PinLedger:
     def counts(self) -> Counter:
         c: Counter = Counter()
         for pin in self.pins.values():
-            c.update(b.block_id for b in pin.blocks)
+            c.update(pin.blocks)
         return c
 
 
-def refcount_audit(*, blocks: Sequence[Any], tables: Iterable[Sequence[Any]], pins: Counter,
-                   null_block_id: int = 0) -> list[str]:
+def refcount_audit(*, ref_counts: Mapping[int, int], tables: Iterable[Sequence[int]], pins: Counter,
+                   null_block_id: int = 0, limit: int = 20) -> list[str]:
     """Compare each block's ref_cnt with the references we can account for. Returns violations (empty = valid)."""
     expected: Counter = Counter()
     for table in tables:
-        expected.update(b.block_id for b in table if not getattr(b, "is_null", False))
+        expected.update(b for b in table if b != null_block_id)
     expected.update(pins)
     out = []
-    for blk in blocks:
-        if blk.block_id == null_block_id or getattr(blk, "is_null", False):
-            continue
-        want = expected.get(blk.block_id, 0)
-        if blk.ref_cnt != want:
-            kind = "leaked" if blk.ref_cnt > want else "over-freed"
-            out.append(f"block {blk.block_id} {kind}: ref_cnt={blk.ref_cnt} accounted={want}")
-            if len(out) >= 20:
+    for b in sorted(set(ref_counts) | set(expected)):
+        have, want = ref_counts.get(b, 0), expected.get(b, 0)
+        if b != null_block_id and have != want:
+            kind = "leaked" if have > want else "over-freed"
+            out.append(f"block {b} {kind}: ref_cnt={have} accounted={want}")
+            if len(out) >= limit:
                 out.append("...")
                 break
     return out

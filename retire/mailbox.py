@@ -1,26 +1,28 @@
 """The revocation mailbox: a small shared-memory table the frontend, EngineCore and the worker all map.
 
 Invariants:
-- The frontend writes a revoked (internal request id, LCP with the revised prompt) entry BEFORE it sends the
+- The frontend writes a revoked (request, LCP with the revised prompt, revised length) entry BEFORE it sends the
   SUPERSEDE, so a step already running in the worker can see the revocation at its next safe point, without waiting
   for the engine loop (which is blocked on that very step).
-- Only the scheduler clears an entry, after it has processed the step that saw it (a cut or a finished step) and
-  applied the transition; so a revoked id is visible for as long as any step of it may run.
-- Entries are fixed-size slots; a slot is live when its first byte is non-zero. Readers tolerate torn reads by
-  re-reading the slot's sequence number (seqlock per slot).
+- An entry is keyed by `key(request id)`: a 16-byte digest of the whole internal request id, never a truncation, so
+  no two requests (whatever their scope names) share an entry.
+- Only the scheduler clears an entry, when it processes the SUPERSEDE that posted it (accepted or refused), after any
+  step that saw it; so a revoked id is visible for as long as any step of it may run.
+- Entries are fixed-size slots with a seqlock each: readers never use a torn write.
 - A control word can hold the worker at a given layer of the next armed step (test barrier for landing a revision
   at an exact point inside a step; step-by-step driving, not a sleep in the test).
 """
 from __future__ import annotations
 
+import hashlib
 import struct
 import time
 
 from .shm import SharedFile, create_file
 
-SLOTS = 64
-ID_BYTES = 96
-SLOT = 8 + 8 + ID_BYTES          # seq (u64), lcp (i64), id
+SLOTS = 256
+ENTRY = struct.Struct("<QQqq16s")  # seq, live, lcp, new_len, key
+SLOT = ENTRY.size
 HDR = 64                         # control: pause_layer (i64), paused (i64), release (i64), cuts (i64), checks (i64)
 LOG = 1024                       # last safe-point decision, JSON, length-prefixed
 SIZE = HDR + SLOTS * SLOT + LOG
@@ -29,6 +31,11 @@ ENV = "RETIRE_MAILBOX"
 
 def create_path() -> str:
     return create_file("retire-mailbox", SIZE)
+
+
+def key(req_id: str) -> bytes:
+    """The fixed-size mailbox key of a request id (sha256 of the whole id, 16 bytes)."""
+    return hashlib.sha256(req_id.encode()).digest()[:16]
 
 
 class Mailbox(SharedFile):
@@ -42,56 +49,55 @@ class Mailbox(SharedFile):
         struct.pack_into("<q", self.mm, 8 * i, v)
 
     # -- entries
-    def _slot(self, k: int) -> int:
-        return HDR + k * SLOT
+    def _write(self, k: int, live: int, lcp: int, new_len: int, kb: bytes) -> None:
+        off = HDR + k * SLOT
+        seq = struct.unpack_from("<Q", self.mm, off)[0]
+        struct.pack_into("<Q", self.mm, off, seq + 1)          # odd: writing
+        ENTRY.pack_into(self.mm, off, seq + 1, live, lcp, new_len, kb)
+        struct.pack_into("<Q", self.mm, off, seq + 2)          # even: stable
+
+    def _read(self, k: int):
+        off = HDR + k * SLOT
+        for _ in range(100):
+            e = ENTRY.unpack_from(self.mm, off)
+            if e[0] % 2 == 0 and struct.unpack_from("<Q", self.mm, off)[0] == e[0]:
+                return e
+        return None
 
     def post(self, req_id: str, lcp: int, new_len: int) -> None:
         """Revoke `req_id`: its tokens agree with the successor's prompt up to `lcp`; the successor has `new_len`."""
-        raw = req_id.encode()[:ID_BYTES]
+        kb = key(req_id)
         for k in range(SLOTS):
-            off = self._slot(k)
-            if self.mm[off + 16] == 0:
-                seq = struct.unpack_from("<Q", self.mm, off)[0]
-                struct.pack_into("<Q", self.mm, off, seq + 1)          # odd: writing
-                struct.pack_into("<q", self.mm, off + 8, (int(lcp) << 32) | int(new_len))
-                self.mm[off + 16: off + 16 + ID_BYTES] = raw.ljust(ID_BYTES, b"\0")
-                struct.pack_into("<Q", self.mm, off, seq + 2)          # even: stable
+            e = self._read(k)
+            if e is not None and not e[1]:
+                self._write(k, 1, int(lcp), int(new_len), kb)
                 return
-        raise RuntimeError("revocation mailbox full")
+        raise RuntimeError(f"revocation mailbox full ({SLOTS} revocations in flight)")
 
     def clear(self, req_id: str) -> bool:
-        raw = req_id.encode()[:ID_BYTES].ljust(ID_BYTES, b"\0")
+        kb = key(req_id)
         for k in range(SLOTS):
-            off = self._slot(k)
-            if self.mm[off + 16: off + 16 + ID_BYTES] == raw:
-                seq = struct.unpack_from("<Q", self.mm, off)[0]
-                struct.pack_into("<Q", self.mm, off, seq + 1)
-                self.mm[off + 16: off + 16 + ID_BYTES] = b"\0" * ID_BYTES
-                struct.pack_into("<Q", self.mm, off, seq + 2)
+            e = self._read(k)
+            if e is not None and e[1] and e[4] == kb:
+                self._write(k, 0, 0, 0, bytes(16))
                 return True
         return False
 
-    def revoked(self) -> dict[str, tuple[int, int]]:
-        """Live entries: internal request id -> (LCP with the revised prompt, revised prompt length)."""
+    def revoked(self) -> dict[bytes, tuple[int, int]]:
+        """Live entries: mailbox key -> (LCP with the revised prompt, revised prompt length)."""
         out = {}
-        mm = self.mm
         for k in range(SLOTS):
-            off = HDR + k * SLOT
-            if mm[off + 16] == 0:
-                continue
-            for _ in range(3):
-                s1 = struct.unpack_from("<Q", mm, off)[0]
-                lcp = struct.unpack_from("<q", mm, off + 8)[0]
-                raw = bytes(mm[off + 16: off + 16 + ID_BYTES])
-                if s1 % 2 == 0 and struct.unpack_from("<Q", mm, off)[0] == s1:
-                    if raw[0]:
-                        out[raw.rstrip(b"\0").decode()] = (lcp >> 32, lcp & 0xFFFFFFFF)
-                    break
+            e = self._read(k)
+            if e is not None and e[1]:
+                out[e[4]] = (e[2], e[3])
         return out
+
+    def is_posted(self, req_id: str) -> bool:
+        return key(req_id) in self.revoked()
 
     def any_live(self) -> bool:
         mm = self.mm
-        return any(mm[HDR + k * SLOT + 16] for k in range(SLOTS))
+        return any(mm[HDR + k * SLOT + 8] for k in range(SLOTS))
 
     # -- test barrier: hold the worker at layer L of the next armed step
     def arm_pause(self, layer: int) -> None:

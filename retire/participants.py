@@ -5,7 +5,7 @@ Invariants:
   RetireScheduler) and, for every request it holds, the tokens whose KV it has written on that rank (its writer
   frontier; a step cut at a safe point counts only up to the chunk start). Slots are seqlocked: a reader never uses
   a torn write.
-- FENCE (in the engine thread, between steps) accepts rank r's receipt only if r's slot names the last step the
+- FENCE (retire/fence.py, in the engine thread, between steps) accepts rank r's receipt only if r's slot names the last step the
   scheduler launched: the rank has finished every step launched before the FENCE, and none is launched for the old
   epoch afterwards (the old request leaves the scheduler in the same call). A rank whose slot is still stale after a
   bounded wait has sent no receipt.
@@ -81,61 +81,26 @@ class RankLedger(SharedFile):
 
 
 class RankRecorder:
-    """Worker side: wraps the model runner's execute_model; after each step, writes this rank's slot. `dropped` is
-    the test seam of the DropRankReceipt fault (the rank keeps computing but acknowledges nothing)."""
+    """Worker side: after each step (inside the one step wrapper, retire/worker_step.py), writes this rank's slot.
+    `dropped` is the test seam of the DropRankReceipt fault (the rank keeps computing but acknowledges nothing)."""
 
     def __init__(self, worker, ledger: RankLedger):
-        self.worker, self.ledger = worker, ledger
-        self.rank = int(getattr(worker, "rank", 0))
+        from . import adapter
+
+        self.wk = adapter.worker()
+        self.ledger = ledger
+        self.rank = self.wk.rank(worker)
         self.frontiers: dict[str, int] = {}
         self.dropped = False
-        self.installed = False
 
-    def install(self) -> None:
-        from .safepoints import chunks_of
+    def before(self, so) -> None:
+        for rid in self.wk.finished_ids(so):
+            self.frontiers.pop(rid, None)
 
-        runner = self.worker.model_runner
-        orig = runner.execute_model
-
-        def execute_model(scheduler_output, *args, **kwargs):
-            for rid in getattr(scheduler_output, "finished_req_ids", ()) or ():
-                self.frontiers.pop(rid, None)
-            out = orig(scheduler_output, *args, **kwargs)
-            cut = getattr(out, "retire_cut", None)
-            for rid, (start, n) in chunks_of(scheduler_output).items():
-                self.frontiers[rid] = start if cut else start + n
-            step = getattr(scheduler_output, "retire_step", None)
-            if step is not None and not self.dropped:
-                self.ledger.write(self.rank, int(step), self.frontiers)
-            return out
-
-        runner.execute_model = execute_model
-        self.installed = True
-
-
-def fence_ranks(sched, res: dict, old, old_id: str | None, expected: int, frontier: int, path: str, detail: dict,
-                reason: str | None) -> tuple[int, str | None]:
-    """FENCE with several worker ranks: one receipt per (rank, KV group), each rank's frontier from its own slot.
-    Returns (frontier for ALIGN = min over the scheduler and every rank, cold reason if the set is incomplete)."""
-    n_groups = len(sched.kv_cache_manager.coordinator.single_type_managers)
-    acks = sched.retire_ranks.collect(sched.retire_world, sched.retire_step, sched.retire_receipt_timeout)
-    res["receipts"] = [{"participant": f"rank-{r}/kv-group-{i}", "epoch": expected,
-                        "frontier": int(acks[r].get(old_id, 0)) if old is not None else 0, "path": path,
-                        "detail": dict(detail, step=sched.retire_step, rank=r)}
-                       for r in sorted(acks) for i in range(n_groups)]
-    missing = [r for r in range(sched.retire_world) if r not in acks]
-    if missing and reason is None:
-        reason = (f"participant set incomplete: no receipt from rank(s) {missing} for step {sched.retire_step} "
-                  f"within {sched.retire_receipt_timeout}s")
-    return min([frontier] + [r["frontier"] for r in res["receipts"]]), reason
-
-
-def fence_drafter(sched, res: dict, old, old_id: str | None, expected: int, frontier: int, path: str) -> None:
-    """Speculative decoding: draft and target work under one version. The ngram drafter runs inside the step, so it
-    is fenced at the same boundary as the target; drafts proposed but not yet verified hold no KV (they are not in
-    the request's tokens, and the frontier excludes their slots) and are discarded with the old request."""
-    sc = sched.retire_spec.get(old_id, {}) if old_id else {}
-    res["receipts"].append({"participant": "drafter", "epoch": expected, "frontier": frontier, "path": path,
-                            "detail": {"pending_drafts": len(old.spec_token_ids or ()) if old is not None else 0,
-                                       "num_tokens": int(old.num_tokens) if old is not None else 0,
-                                       "drafted": sc.get("drafted", 0), "accepted": sc.get("accepted", 0)}})
+    def after(self, so, out) -> None:
+        cut = self.wk.is_cut(out)
+        for rid, (start, n) in self.wk.chunks_of(so).items():
+            self.frontiers[rid] = start if cut else start + n
+        step = self.wk.step_number(so)
+        if step is not None and not self.dropped:
+            self.ledger.write(self.rank, int(step), self.frontiers)

@@ -8,6 +8,8 @@ Invariants:
 - At every decoder layer of an armed step the worker reads the revocation mailbox. It cuts the step only when EVERY
   request in it is revoked (a mixed step is never cut: other scopes' results must not change) and the cost model says
   the successor gets its first token earlier by cutting than by finishing the step.
+- A revocation is matched by the mailbox key of the request id (a digest of the whole id, retire/mailbox.py).
+- Safe points run inside the worker's one step wrapper (retire/worker_step.py).
 - A cut never lets the exception escape the worker: `execute_model` returns a ModelRunnerOutput that lists every
   scheduled request with no sampled token, plus `retire_cut` = {req_id: (chunk_start, chunk_len)} and the decision;
   the scheduler closes the writers (rollback, evict the chunk's half-written blocks) when it commits that output.
@@ -27,33 +29,14 @@ import json
 import logging
 import time
 
+from . import adapter
+from .mailbox import key as mailbox_key
+
 log = logging.getLogger("retire.safepoints")
 
 
 class _Cut(Exception):
     pass
-
-
-def _layers(model):
-    inner = getattr(model, "model", None)
-    layers = getattr(inner, "layers", None) if inner is not None else None
-    if layers is None:
-        layers = getattr(model, "layers", None)
-    if layers is None:
-        raise RuntimeError(f"cannot find decoder layers on {type(model).__name__}")
-    return list(layers)
-
-
-def chunks_of(so) -> dict[str, tuple[int, int]]:
-    """req_id -> (tokens computed before this step, tokens scheduled in this step)."""
-    n = so.num_scheduled_tokens
-    out = {}
-    for r in so.scheduled_new_reqs:
-        out[r.req_id] = (int(r.num_computed_tokens), int(n.get(r.req_id, 0)))
-    c = so.scheduled_cached_reqs
-    for rid, done in zip(c.req_ids, c.num_computed_tokens):
-        out[rid] = (int(done), int(n.get(rid, 0)))
-    return out
 
 
 def decide(*, chunk: tuple[int, int], lcp: int, new_len: int, block: int, elapsed: float, layers_done: int,
@@ -75,39 +58,39 @@ def decide(*, chunk: tuple[int, int], lcp: int, new_len: int, block: int, elapse
 
 class SafePoints:
     def __init__(self, worker, mailbox, min_tokens: int, block: int):
+        self.wk = adapter.worker()
         self.worker, self.mb, self.min_tokens, self.block = worker, mailbox, min_tokens, block
-        self.runner = worker.model_runner
-        self.layers = _layers(self.runner.model)
+        self.layers = self.wk.decoder_layers(worker)
+        self.hooks = [self._hook(i) for i in range(len(self.layers))]
         self.armed = None
         self.installed = False
 
-    def install(self) -> bool:
-        cfg = self.worker.vllm_config.compilation_config
-        mode = getattr(cfg, "mode", None)
-        if mode not in (0, None) and str(mode).split(".")[-1] not in ("NONE", "0"):
+    def install(self, wrapper) -> bool:
+        """Attach to the worker's step wrapper (eager mode only)."""
+        if not self.wk.eager(self.worker):
             log.warning("retire: per-layer safe points need enforce_eager=True (compiled graphs fire layer hooks "
                         "unreliably); FENCE falls back to the step boundary")
             return False
-        hooks = [self._hook(i) for i in range(len(self.layers))]
-        orig = self.runner.execute_model
-
-        def execute_model(scheduler_output, *args, **kwargs):
-            if scheduler_output.total_num_scheduled_tokens < self.min_tokens:
-                return orig(scheduler_output, *args, **kwargs)  # unarmed: no hook on any layer
-            self.armed = {"chunks": chunks_of(scheduler_output), "t0": time.monotonic(), "decided": False}
-            handles = [layer.register_forward_pre_hook(h) for layer, h in zip(self.layers, hooks)]
-            try:
-                return orig(scheduler_output, *args, **kwargs)
-            except _Cut:
-                return self._cut_output(scheduler_output)
-            finally:
-                for h in handles:
-                    h.remove()
-                self.armed = None
-
-        self.runner.execute_model = execute_model
+        wrapper.safe_points = self
         self.installed = True
         return True
+
+    def run(self, orig, so, *args, **kwargs):
+        if self.wk.total_tokens(so) < self.min_tokens:
+            return orig(so, *args, **kwargs)  # unarmed: no hook on any layer
+        chunks = self.wk.chunks_of(so)
+        self.armed = {"chunks": chunks, "keys": {r: mailbox_key(r) for r in chunks}, "t0": time.monotonic(),
+                      "decided": False}
+        handles = [layer.register_forward_pre_hook(h) for layer, h in zip(self.layers, self.hooks)]
+        try:
+            return orig(so, *args, **kwargs)
+        except _Cut:
+            a = self.armed
+            return self.wk.cut_output(so, {"chunks": a["cut"], "decision": a["decision"]})
+        finally:
+            for h in handles:
+                h.remove()
+            self.armed = None
 
     def _hook(self, i: int):
         def pre_hook(module, args):
@@ -117,45 +100,37 @@ class SafePoints:
             self.mb.worker_pause_point(i)
             self.mb.bump("checks")
             revoked = self.mb.revoked() if self.mb.any_live() else {}
-            if not revoked:
-                return None
-            ids = a["chunks"]
-            hit = [r for r in ids if r in revoked]
-            if not hit:
-                return None
-            if len(hit) != len(ids):  # mixed step: fence at the step boundary, never cut others' work
-                a["decided"] = True
-                self._log({"cut": False, "path": "step-boundary:mixed", "layer": i, "req_ids": hit})
-                return None
-            # every request of the step is revoked: decide per the cost model on the longest chunk
-            rid = max(hit, key=lambda r: ids[r][1])
-            lcp, new_len = revoked[rid]
-            d = decide(chunk=ids[rid], lcp=lcp, new_len=new_len, block=self.block,
-                       elapsed=time.monotonic() - a["t0"], layers_done=i, layers=len(self.layers)) if i else \
-                {"cut": True, "layer": 0, "chunk": list(ids[rid]), "lcp": lcp, "reason": "before the first layer"}
-            if lcp >= ids[rid][0] + ids[rid][1] and i:
-                d["cut"] = False  # the whole chunk is shared with the successor: useful work, let it finish
-            a["decided"] = True
-            d["path"] = "safe-point" if d["cut"] else "finish-step"
-            d["req_ids"] = hit
-            self._log(d)
-            if d["cut"]:
-                a["cut"] = {r: list(ids[r]) for r in ids}
-                a["decision"] = d
-                self.mb.bump("cuts")
-                raise _Cut()
+            if revoked:
+                self._check(i, a, revoked)
             return None
         return pre_hook
 
+    def _check(self, i: int, a: dict, revoked: dict) -> None:
+        ids, keys = a["chunks"], a["keys"]
+        hit = [r for r in ids if keys[r] in revoked]
+        if not hit:
+            return
+        if len(hit) != len(ids):  # mixed step: fence at the step boundary, never cut others' work
+            a["decided"] = True
+            self._log({"cut": False, "path": "step-boundary:mixed", "layer": i, "req_ids": hit})
+            return
+        # every request of the step is revoked: decide per the cost model on the longest chunk
+        rid = max(hit, key=lambda r: ids[r][1])
+        lcp, new_len = revoked[keys[rid]]
+        d = decide(chunk=ids[rid], lcp=lcp, new_len=new_len, block=self.block,
+                   elapsed=time.monotonic() - a["t0"], layers_done=i, layers=len(self.layers)) if i else \
+            {"cut": True, "layer": 0, "chunk": list(ids[rid]), "lcp": lcp, "reason": "before the first layer"}
+        if lcp >= ids[rid][0] + ids[rid][1] and i:
+            d["cut"] = False  # the whole chunk is shared with the successor: useful work, let it finish
+        a["decided"] = True
+        d["path"] = "safe-point" if d["cut"] else "finish-step"
+        d["req_ids"] = hit
+        self._log(d)
+        if d["cut"]:
+            a["cut"] = {r: list(ids[r]) for r in ids}
+            a["decision"] = d
+            self.mb.bump("cuts")
+            raise _Cut()
+
     def _log(self, d: dict) -> None:
         self.mb.write_log(json.dumps(d, default=float))
-
-    def _cut_output(self, so):
-        from vllm.v1.outputs import ModelRunnerOutput
-
-        req_ids = list(so.num_scheduled_tokens)
-        out = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                sampled_token_ids=[[] for _ in req_ids])
-        a = self.armed or {}
-        out.retire_cut = {"chunks": a.get("cut", {r: [0, 0] for r in req_ids}), "decision": a.get("decision", {})}
-        return out

@@ -11,11 +11,8 @@ import hashlib
 
 class RetireWorkerExtension:
     def _retire_kv(self):
-        runner = getattr(self, "model_runner", None)
-        kvs = getattr(runner, "kv_caches", None)
-        if not kvs:
-            raise RuntimeError("worker has no kv_caches (model runner not initialised?)")
-        return kvs
+        from . import adapter
+        return adapter.worker().kv_caches(self)
 
     def retire_block_digests(self, block_ids: list[int]) -> list[str]:
         kvs = self._retire_kv()
@@ -53,11 +50,11 @@ class RetireWorkerExtension:
             blk.copy_(flipped)
         return True
 
-    # DRAM tier (retire/dram.py): a host-side page store in this worker process, keyed by the certificate.
+    # DRAM tier (retire/dram/): a host-side page store in this worker process, keyed by the handoff's version.
     def _retire_dram(self):
         tier = getattr(self, "_retire_dram_tier", None)
         if tier is None:
-            from .dram import DramTier
+            from .dram.worker import DramTier
             tier = self._retire_dram_tier = DramTier()
         return tier
 
@@ -84,46 +81,50 @@ class RetireWorkerExtension:
         return {"layers": len(kvs), "shape": list(kvs[0].shape), "dtype": str(kvs[0].dtype)}
 
     def retire_install_receipts(self) -> dict:
-        """Install this rank's step acknowledgements (retire/participants.py) when the engine runs several ranks
-        (idempotent). Returns {rank, active}."""
-        rec = getattr(self, "_retire_receipts", None)
-        if rec is None:
-            from .participants import RankLedger, RankRecorder
+        """Attach this rank's step acknowledgements (retire/participants.py) to the step wrapper when the engine runs
+        several ranks (idempotent). Returns {rank, active}."""
+        from . import adapter
+        from .participants import RankLedger, RankRecorder
+        from .worker_step import StepWrapper
+
+        wrapper = StepWrapper.of(self)
+        if wrapper.receipts is None:
             ledger = RankLedger.from_env()
             if ledger is None:
-                return {"rank": int(getattr(self, "rank", 0)), "active": False}
-            rec = self._retire_receipts = RankRecorder(self, ledger)
-            rec.install()
-        return {"rank": rec.rank, "active": rec.installed}
+                return {"rank": adapter.worker().rank(self), "active": False}
+            wrapper.receipts = RankRecorder(self, ledger)
+        return {"rank": wrapper.receipts.rank, "active": True}
 
     def retire_drop_receipt(self, rank: int, dropped: bool) -> bool:
         """DropRankReceipt fault seam: rank `rank` stops (or resumes) acknowledging steps. True on that rank."""
-        rec = getattr(self, "_retire_receipts", None)
+        rec = getattr(getattr(self, "_retire_step", None), "receipts", None)
         if rec is None or rec.rank != int(rank):
             return False
         rec.dropped = bool(dropped)
         return True
 
     def retire_install_safe_points(self, min_tokens: int, block: int) -> dict:
-        """Install per-layer safe points on this worker (idempotent). Returns whether they are active.
+        """Attach per-layer safe points to the step wrapper (idempotent). Returns whether they are active.
         Not with several ranks: each rank would read the mailbox at its own moment and could cut at another layer
         than its peers, leaving them blocked in a collective; those engines FENCE at the step boundary."""
+        from . import adapter
+        from .worker_step import StepWrapper
+
         receipts = self.retire_install_receipts()
-        world = int(getattr(getattr(self, "parallel_config", None), "world_size", 1) or 1)
+        world = adapter.worker().world_size(self)
         if world > 1:
             return {"active": False, "layers": 0, "min_tokens": int(min_tokens), "receipts": receipts,
                     "reason": f"{world} worker ranks: in-step cuts must be collective; step-boundary FENCE"}
-        sp = getattr(self, "_retire_safe_points", None)
+        wrapper = StepWrapper.of(self)
+        sp = wrapper.safe_points or getattr(self, "_retire_safe_points", None)
         if sp is None:
             from .mailbox import Mailbox
             from .safepoints import SafePoints
             mb = Mailbox.from_env()
             if mb is None:
                 return {"active": False, "reason": "no revocation mailbox in this worker's environment"}
-            sp = SafePoints(self, mb, min_tokens, block)
-            self._retire_safe_points = sp
-            sp.install()
+            sp = self._retire_safe_points = SafePoints(self, mb, min_tokens, block)
+            sp.install(wrapper)
         sp.min_tokens = int(min_tokens)
         return {"active": sp.installed, "layers": len(sp.layers), "min_tokens": sp.min_tokens,
                 "reason": None if sp.installed else "compiled mode: step-boundary FENCE"}
-

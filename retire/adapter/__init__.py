@@ -48,6 +48,10 @@ def _mod(part: str, version: str | None = None):
     return importlib.import_module(f"{__name__}.{part}{suffix(version)}")
 
 
+def enginefree(version: str | None = None):
+    return _mod("enginefree", version)
+
+
 def engine(version: str | None = None):
     return _mod("engine", version)
 
@@ -64,7 +68,7 @@ def seams(version: str | None = None) -> tuple[Seam, ...]:
     return _mod("table", version).SEAMS
 
 
-__all__ = ["VERSIONS", "Seam", "check_live", "dependent", "engine", "frontend", "worker", "seams",
+__all__ = ["VERSIONS", "Seam", "check_live", "dependent", "engine", "enginefree", "frontend", "worker", "seams",
            "installed_version", "release", "suffix"]
 
 

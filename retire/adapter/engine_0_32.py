@@ -220,3 +220,16 @@ def request_tag_bytes(request) -> bytes | None:
     sp = getattr(request, "sampling_params", None)
     extra = getattr(sp, "extra_args", None) if sp is not None else None
     return extra.get("retire") if extra else None
+
+
+def filter_outputs(outputs: dict, keep) -> int:
+    """Gate (a) on one step's committed outputs ({client index: EngineCoreOutputs}): drop every per-request output
+    whose request `keep(req_id)` rejects. Returns how many were dropped."""
+    dropped = 0
+    for eco in outputs.values():
+        if eco.outputs:
+            kept = [o for o in eco.outputs if keep(o.request_id)]
+            if len(kept) != len(eco.outputs):
+                dropped += len(eco.outputs) - len(kept)
+                eco.outputs = kept
+    return dropped

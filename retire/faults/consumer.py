@@ -21,11 +21,11 @@ class _StreamHookFault(Fault):
         raise NotImplementedError
 
     async def inject(self, target) -> None:
-        target.hooks[self.hook_point].append(self._hook)
+        getattr(target.seams, self.hook_point).append(self._hook)
         await super().inject(target)
 
     async def heal(self) -> None:
-        hooks = self.target.hooks[self.hook_point]
+        hooks = getattr(self.target.seams, self.hook_point)
         if self._hook in hooks:
             hooks.remove(self._hook)
         await super().heal()

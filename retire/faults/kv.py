@@ -4,8 +4,11 @@
   bytes back (digests return to their pre-fault values).
 - GenerationRace(scope): the next SUPERSEDE of `scope` sees one certified block reallocated between ALIGN and
   RESUME (its generation bumped); RESUME must detect it and select a cold successor. Heal disarms it if unused.
-- ForgedTenant(tenant): the next SUPERSEDE's engine-side metadata names another tenant than the scope's (a
-  misrouted request that got past the frontend); ALIGN must refuse inheritance.
+- ForgedTenant(tenant): the next SUPERSEDE's engine-side tag names another tenant than the scope's (a misrouted
+  request that got past the frontend). Tenant is part of the scope's typed identity, so the engine must find no such
+  scope and refuse, changing nothing.
+- EngineRefusal(scope, reason): the engine refuses the next SUPERSEDE of `scope` although the frontend accepted it
+  (a frontend/engine disagreement). The call must raise and change nothing on either side. Heal disarms it.
 """
 from __future__ import annotations
 
@@ -49,7 +52,7 @@ class GenerationRace(Fault):
         self.scope, self.tenant, self.index = scope, tenant, index
 
     async def inject(self, target) -> None:
-        key = target.table.engine_key(self.tenant, self.scope)
+        key = target.table.key(self.tenant, self.scope)
         await target.backend.sched("arm", {"scope": key, "hook": {"bump_generation": True, "index": self.index}})
         self.key = key
         await super().inject(target)
@@ -68,9 +71,27 @@ class ForgedTenant(Fault):
         self.tenant = tenant
 
     async def inject(self, target) -> None:
-        target.test_switches["successor_tenant"] = self.tenant
+        target.seams.successor_tenant = self.tenant
         await super().inject(target)
 
     async def heal(self) -> None:
-        self.target.test_switches.pop("successor_tenant", None)
+        self.target.seams.successor_tenant = None
+        await super().heal()
+
+
+class EngineRefusal(Fault):
+    name = "engine-refusal"
+    affects = frozenset({"engine.commit"})
+
+    def __init__(self, scope: str, tenant: str = "default", reason: str = "injected refusal"):
+        super().__init__()
+        self.scope, self.tenant, self.reason = scope, tenant, reason
+
+    async def inject(self, target) -> None:
+        self.key = target.table.key(self.tenant, self.scope)
+        await target.backend.sched("arm", {"scope": self.key, "hook": {"refuse": self.reason}})
+        await super().inject(target)
+
+    async def heal(self) -> None:
+        await self.target.backend.sched("disarm", {"scope": self.key})
         await super().heal()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ..dram import HOOK, pending_transition
+from ..dram import pending_transition
 from .base import Fault
 
 
@@ -33,16 +33,16 @@ class LateTransfer(Fault):
         await eng.wait_epoch(self.scope, self.epoch + 1, self.tenant)
         # The newer SUPERSEDE's ADD and our poll travel the same input queue: a poll that sees the new epoch was
         # answered after the engine applied it.
-        while (await eng.backend.sched("scope_epoch", {"scope": t.engine_scope}) or 0) <= self.epoch:
+        while (await eng.backend.sched("scope_epoch", {"scope": t.key.scope}) or 0) <= self.epoch:
             pass
         self.released += 1
 
     async def inject(self, target) -> None:
-        target.hooks.setdefault(HOOK, []).append(self._hook)
+        target.seams.dram_before_install.append(self._hook)
         await super().inject(target)
 
     async def heal(self) -> None:
-        hooks = self.target.hooks.get(HOOK, [])
+        hooks = self.target.seams.dram_before_install
         if self._hook in hooks:
             hooks.remove(self._hook)
         await super().heal()
@@ -61,7 +61,7 @@ class DramCorruption(Fault):
         tr = pending_transition(target, self.scope, self.tenant)
         if tr is None:
             raise ValueError(f"scope {self.scope!r} has no offloaded DRAM handoff waiting for restore")
-        self.key = tr.extra["dram"]["key"]
+        self.key = tr.extra["dram"]["tier_key"]
         await super().inject(target)
         for p in self.pages:
             flipped = await target.backend.worker("retire_dram_corrupt", self.key, p)

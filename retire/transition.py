@@ -1,0 +1,284 @@
+"""The transition core: one SUPERSEDE, decided in the engine thread between two steps (speaks only the KV port).
+
+Invariants (each stage is a method below; `supersede` runs them in order, atomically with respect to scheduling):
+- ADVANCE: the compare-and-swap on the scope's epoch (`VersionTable`). A refused SUPERSEDE changes nothing: no
+  version advances, the successor is never admitted, no pin is taken; only the mailbox entry the frontend posted for
+  it is retired.
+- FENCE: the predecessor launches nothing more; its writer frontier and one receipt per participant are recorded.
+- ALIGN: certified = min(LCP, frontier, len(new) - 1) rounded down to the unit shared by every KV group (and the
+  prefill chunk under "exact", within the cold-shaped extent), within the tenant's pin quota; sliding-window groups
+  keep null placeholders before the window; the predecessor must be live and share the successor's fingerprint.
+- PIN: the certified blocks carry one handoff pin from here until adoption is verified.
+- RESUME: generations re-checked; the successor's table aliases the certified blocks (or, under the DRAM tier, it is
+  held for a restore); a successor that inherits nothing reads no prefix cache at all.
+- RECLAIM: the predecessor is finished after the successor is admitted; its old-only blocks return to the pool.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+
+from .align import Alignment, ChunkShape, alignment_unit, certify_length
+from .closure import WriterClosure
+from .dram.engine import DramLedger
+from .fence import Fence, FenceOutcome
+from .holds import Holds
+from .ledger import GenerationTable, PinKey, PinLedger, refcount_audit
+from .switches import EngineSwitches
+from .types import Certificate, RequestTag, TransitionResult, VersionKey
+from .versions import VersionTable
+
+now = time.monotonic
+
+
+@dataclass
+class Plan:
+    """ALIGN's decision: `tokens` certified in `per_group` blocks, or a cold `reason`."""
+
+    tokens: int = 0
+    per_group: list[list[int]] = field(default_factory=list)
+    alignment: Alignment | None = None
+    reason: str | None = None
+
+
+class TransitionCore:
+    def __init__(self, port, *, mailbox=None, ranks=None, max_results: int = 4096):
+        self.port = port
+        self.counters: Counter = Counter()
+        self.versions = VersionTable()
+        self.gens = GenerationTable(port.num_blocks)
+        self.gens.attach(port)
+        self.pins = PinLedger(port)
+        self.holds = Holds(port)
+        self.closure = WriterClosure(port)
+        self.shape = ChunkShape(port.chunk)
+        self.fence = Fence(port, mailbox=mailbox, ranks=ranks, world=port.world_size,
+                           spec_enabled=port.spec_enabled)
+        self.dram = DramLedger(port, self.pins, self.gens, self.versions, self.holds, self.counters)
+        self.switches = EngineSwitches()
+        self.results: OrderedDict[VersionKey, TransitionResult] = OrderedDict()
+        self.closed_at: OrderedDict[str, float] = OrderedDict()
+        self.max_results = max_results
+        self.step = 0
+
+    # ------------------------------------------------------------------ events from the scheduler
+    def submit(self, handle, tag: RequestTag) -> None:
+        """Epoch 0 of a scope: register it, admit it. A duplicate of a live scope is admitted but never current
+        (the audit reports it as a live obsolete execution; the facade's ScopeExists check prevents it)."""
+        if not self.versions.register(handle.request_id, tag, self.port.live):
+            self.counters["duplicate_submits"] += 1
+        self.port.admit(handle)
+
+    def supersede(self, handle, tag: RequestTag) -> TransitionResult:
+        t0 = now()
+        sk, sup = tag.key.scope, tag.supersede
+        hook = self.switches.take(sk)
+        refusal = self.versions.check(tag) or (("injected", str(hook["refuse"])) if hook.get("refuse") else None)
+        cur = self.versions.current.get(sk)
+        old_id = cur.req_id if cur is not None and not refusal else None
+        log = self.fence.retire_revocation(sup.posted, old_id)
+        if refusal:
+            self.counters["refused"] += 1
+            return self._store(TransitionResult(tag.key, refused=refusal[1], refused_kind=refusal[0], t_engine=t0))
+        self.versions.advance(handle.request_id, tag)  # ADVANCE: from here no output of old_id is committed
+        t1 = now()
+        self.holds.drop(sk, old_id)
+        stale = tuple(self.dram.retire_stale(sk))
+        fo = self.fence.close(old_id, sup.expected_epoch, self.step, self.closure.take(old_id), log)
+        t2 = now()
+        plan = self._align(old_id, handle, tag, fo)
+        t3 = now()
+        flat, gens = self._pin(tag, plan, hook)
+        t4 = now()
+        inherited, dram_held, reason = self._resume(handle, tag, plan, flat, gens, hook, old_id)
+        t5 = now()
+        if old_id is not None and self.port.live(old_id):
+            self.port.finish(old_id)  # RECLAIM, after the successor is admitted
+        t6 = now()
+        self.counters["supersedes"] += 1
+        cert = self._certificate(tag, plan, fo, gens, handle) if inherited or dram_held else None
+        return self._store(TransitionResult(
+            tag.key, None, None, inherited, cert, None if inherited else reason, fo.receipts,
+            {"advance": t1 - t0, "fence": t2 - t1, "align": t3 - t2, "pin": t4 - t3, "resume": t5 - t4,
+             "reclaim": t6 - t5, "engine_total": t6 - t0}, t0, t2,
+            self._dram_handoff(tag, plan, hook) if dram_held else None, stale))
+
+    # ------------------------------------------------------------------ ALIGN
+    def _align(self, old_id: str | None, handle, tag: RequestTag, fo: FenceOutcome) -> Plan:
+        contract = tag.supersede.contract
+        old = self.port.view(old_id) if old_id is not None and self.port.live(old_id) else None
+        reason = fo.reason or (None if old is not None else "predecessor not live")
+        new = self.port.view(handle)
+        if reason is None:
+            reason = self._eligibility(old, new, contract)
+        if reason is not None:
+            return Plan(reason=reason)
+        unit = alignment_unit(self.port.block_size, contract.mode, self.port.chunk)
+        a = certify_length(old_tokens=old.tokens, new_prompt=new.prompt, frontier=fo.frontier, align=unit)
+        n, reason = a.certified, None
+        if contract.mode == "exact" and n > (extent := self.shape.extent(old_id)):
+            n = extent - extent % unit  # only KV written in a cold run's chunk shape (align.ChunkShape)
+            if n == 0:
+                reason = (f"exact mode: no chunk-aligned prefix written in a cold run's shape "
+                          f"(extent={extent}, unit={unit})")
+        n, reason = self._quota(n, unit, tag, a, reason)
+        if n == 0 and reason is None:
+            reason = f"no shared prefix to certify (lcp={a.lcp}, frontier={a.frontier}, unit={unit})"
+        if reason is not None:
+            return Plan(alignment=a, reason=reason)
+        per_group, reason = self._certified_blocks(old_id, n)
+        return Plan(n if reason is None else 0, per_group if reason is None else [], a, reason)
+
+    def _eligibility(self, old, new, contract) -> str | None:
+        if not contract.inherit:
+            return "contract forbids inheritance"
+        a, b = dict(old.fingerprint), dict(new.fingerprint)
+        for k in a:
+            if a[k] != b.get(k):
+                return f"config mismatch: {k} ({a[k]!r} != {b.get(k)!r})"
+        return None
+
+    def _quota(self, n: int, unit: int, tag: RequestTag, a: Alignment, reason: str | None):
+        quota = tag.supersede.contract.pin_quota_blocks
+        if quota is None:
+            return n, reason
+        free = max(0, int(quota) - self.pins.pinned(tag.tenant))
+        max_blocks = free // max(len(self.port.group_block_sizes), 1)
+        n = min(n, (max_blocks * self.port.block_size) // unit * unit)
+        if n == 0 and reason is None and (a.certified > 0 or max_blocks == 0):
+            reason = f"pin quota: {quota} blocks, {free} free" + (
+                "" if a.certified else f" (nothing certifiable anyway: lcp={a.lcp}, frontier={a.frontier})")
+        return n, reason
+
+    def _certified_blocks(self, old_id: str, n: int) -> tuple[list[list[int]], str | None]:
+        """The predecessor's blocks holding [0, n) per group. In a sliding-window group, blocks before the window
+        ending at n become null placeholders (never certified, pinned or adopted), even if still live; every block
+        the successor will attend to must be live."""
+        null = self.port.null_block_id
+        out = []
+        for g, (table, bs) in enumerate(zip(self.port.blocks(old_id), self.port.group_block_sizes)):
+            head = table[: n // bs]
+            first = self.port.first_needed_block(g, n)
+            if any(b == null for b in head[first:]):
+                return [], (f"sliding window: blocks the successor attends to at {n} tokens were already evicted "
+                            f"by the predecessor")
+            out.append([null] * first + head[first:])
+        return out, None
+
+    # ------------------------------------------------------------------ PIN / RESUME
+    def _pin(self, tag: RequestTag, plan: Plan, hook: dict) -> tuple[list[int], list[list[int]]]:
+        flat = [b for g in plan.per_group for b in g if b != self.port.null_block_id]
+        gens = [list(self.gens.of(g)) for g in plan.per_group]
+        if flat:
+            self.pins.pin(PinKey(tag.key, "handoff"), tag.tenant, flat)
+            if hook.get("bump_generation"):  # GenerationRace fault: a certified block is reallocated after ALIGN
+                self.gens.bump([flat[int(hook.get("index", 0)) % len(flat)]])
+        return flat, gens
+
+    def _resume(self, handle, tag, plan: Plan, flat, gens, hook: dict, old_id) -> tuple[int, bool, str | None]:
+        inherited, dram_held, reason = 0, False, plan.reason
+        if flat:
+            if [list(self.gens.of(g)) for g in plan.per_group] != gens:
+                reason = "generation mismatch: a certified block was reallocated after ALIGN"
+            elif tag.supersede.contract.dram_tier:
+                reason = self.dram.hold(tag.key, handle, plan.per_group, plan.tokens)
+                dram_held = reason is None
+            else:
+                self.port.alias(handle, plan.per_group, plan.tokens)
+                adopted = self.port.blocks(handle.request_id)
+                assert all(a[: len(g)] == g for a, g in zip(adopted, plan.per_group)), "adoption not verified"
+                inherited = plan.tokens
+        if inherited == 0:
+            self.port.skip_prefix_cache(handle)  # a cold successor inherits nothing, not even by hash lookup
+            self.counters["cold"] += 1
+        else:
+            self.counters["inherited"] += 1
+            self.counters["inherited_tokens"] += inherited
+        self.shape.start(handle.request_id, inherited, min(inherited, self.shape.extent(old_id)) if old_id else 0)
+        if hook.get("hold") or dram_held:
+            self.holds.hold(tag.key.scope, handle)
+        else:
+            self.port.admit(handle)
+        if flat and not dram_held:
+            self.pins.release(PinKey(tag.key, "handoff"))
+        return inherited, dram_held, reason
+
+    def _certificate(self, tag: RequestTag, plan: Plan, fo: FenceOutcome, gens, handle) -> Certificate:
+        fp = dict(self.port.config_fingerprint) | dict(self.port.view(handle).fingerprint)
+        return Certificate(
+            tag.key.scope.scope, tag.tenant, tag.supersede.expected_epoch, tag.key.epoch, plan.tokens,
+            plan.alignment.lcp, fo.frontier, tuple(tuple(g) for g in plan.per_group), tuple(tuple(g) for g in gens),
+            "|".join(f"{k}={v}" for k, v in sorted(fp.items())), tag.supersede.contract.mode)
+
+    def _dram_handoff(self, tag: RequestTag, plan: Plan, hook: dict):
+        from .types import DramHandoff
+        return DramHandoff(tag.key, plan.tokens, tuple(tuple(g) for g in plan.per_group), bool(hook.get("hold")))
+
+    # ------------------------------------------------------------------ committed steps
+    def before_commit(self, chunks: dict[str, tuple[int, int, int]]) -> list:
+        """Read before vLLM commits a step (a finishing request's table is freed during the commit)."""
+        shape = self.shape
+        return [(rid, s, n, plen, self._shape_tables(rid) if shape.needs_tables(rid, n) else None)
+                for rid, (s, n, plen) in chunks.items()]
+
+    def after_commit(self, pre: list, cut: dict | None, drafts: dict, t: float) -> None:
+        if drafts:
+            self.fence.note_drafts(drafts)
+        if cut:
+            self.closure.close(cut, t, enabled=self.switches.closure)
+        for rid, start, n, plen, tables in pre:
+            if not (cut and cut["chunks"].get(rid, (0, 0))[1]):
+                self.shape.observe(rid, start, n, plen, tables)
+        if len(self.versions.tags) > len(self.port.request_ids()):
+            self.prune()
+
+    def gate(self, req_id: str) -> bool:
+        """Gate (a): may this request's output be committed?"""
+        return not self.switches.gate or self.versions.is_current(req_id)
+
+    def _shape_tables(self, rid: str) -> list:
+        gen, null = self.gens.gen, self.port.null_block_id
+        return [(bs, [(b, gen[b], b == null) for b in table])
+                for bs, table in zip(self.port.group_block_sizes, self.port.blocks(rid))]
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _store(self, res: TransitionResult) -> TransitionResult:
+        self.results[res.key] = res
+        while len(self.results) > self.max_results:
+            self.results.popitem(last=False)
+        return res
+
+    def on_finished(self, req_ids, t: float) -> None:
+        for rid in req_ids:
+            self.closed_at[rid] = t
+        while len(self.closed_at) > 4096:
+            self.closed_at.popitem(last=False)
+
+    def prune(self) -> None:
+        live = set(self.port.request_ids())
+        keep = live.__contains__
+        self.versions.forget(keep)
+        self.fence.forget(keep)
+        for rid in [r for r in self.shape.exact if r not in live]:
+            self.shape.forget(rid)
+
+    def audit(self) -> dict:
+        p = self.port
+        self.prune()
+        violations = refcount_audit(ref_counts=p.ref_counts(), tables=p.tables(), pins=self.pins.counts(),
+                                    null_block_id=p.null_block_id)
+        if self.pins.pins:
+            violations.append(f"dangling pins: {sorted(self.pins.pins, key=repr)}")
+        violations += self.dram.audit()
+        if self.holds.held:
+            violations.append(f"successors still held at a barrier: {sorted(self.holds.held, key=repr)}")
+        live = p.request_ids()
+        obsolete = [r for r in live if not self.versions.is_current(r)]
+        if obsolete:
+            violations.append(f"live obsolete executions: {obsolete}")
+        free = p.free_block_count()
+        if not live and free != p.num_blocks - 1:
+            violations.append(f"drained but only {free} of {p.num_blocks - 1} blocks free")
+        return {"valid": not violations, "violations": violations, "live_requests": sorted(live),
+                "free_blocks": free, "num_blocks": p.num_blocks}
