@@ -5,7 +5,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export VLLM_LOGGING_LEVEL ?= WARNING
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv models run test test-all bench soak clean
+.PHONY: venv models run test test-all bench soak explore clean
 
 venv:
 	@bash scripts/bootstrap.sh
@@ -24,6 +24,9 @@ test-all: models
 
 bench: models
 	$(PY) -m pytest perf -m bench -q -rs --benchmark-json=results/bench.json
+
+explore: models
+	$(PY) -m conformance.explore --schedules 10000 --workers 2
 
 soak: models
 	$(PY) -m pytest conformance/test_stateful.py -q --hypothesis-profile=soak -m "not bench"

@@ -11,6 +11,7 @@ Invariants (with retire/dram/engine.py, which keeps the handoff's state):
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -82,20 +83,27 @@ async def restore(eng, tr) -> dict:
             r = {"accepted": False, "late": True, "reason": a["refused"]}
         return await _finish(eng, tr, info, r, t0)
     info["dst"] = a["ids"]
-    written = await be.worker("retire_dram_get", info["tier_key"], [b for g in a["ids"] for b in g])
-    t = Transfer(tr.scope, info["tenant"], tr.epoch, info["key"], info["tier_key"], a["ids"], info["digests"],
-                 written)
-    for hook in list(eng.seams.dram_before_install):
-        await hook(eng, t)
-    ok, reason = True, None
-    if eng.seams.dram_verify:
-        for w, (exp, got) in enumerate(zip(info["digests"], written)):
-            bad = [i for i, (x, y) in enumerate(zip(exp, got)) if x != y]
-            if bad or len(exp) != len(got):
-                ok, reason = False, f"DRAM digest mismatch on page(s) {bad} of {len(exp)} (worker {w}): cold recompute"
-                break
-    r = await be.sched("dram", {"op": "install", "key": info["key"], "ok": ok, "reason": reason})
+    ok, reason = False, "DRAM restore did not complete"
+    try:  # once destination blocks are allocated, an install (accepted or not) always follows: it frees them
+        written = await be.worker("retire_dram_get", info["tier_key"], [b for g in a["ids"] for b in g])
+        t = Transfer(tr.scope, info["tenant"], tr.epoch, info["key"], info["tier_key"], a["ids"], info["digests"],
+                     written)
+        for hook in list(eng.seams.dram_before_install):
+            await hook(eng, t)
+        ok, reason = _verify(eng, info["digests"], written)
+    finally:
+        r = await asyncio.shield(be.sched("dram", {"op": "install", "key": info["key"], "ok": ok, "reason": reason}))
     return await _finish(eng, tr, info, r, t0)
+
+
+def _verify(eng, expected, written) -> tuple[bool, str | None]:
+    if not eng.seams.dram_verify:
+        return True, None
+    for w, (exp, got) in enumerate(zip(expected, written)):
+        bad = [i for i, (x, y) in enumerate(zip(exp, got)) if x != y]
+        if bad or len(exp) != len(got):
+            return False, f"DRAM digest mismatch on page(s) {bad} of {len(exp)} (worker {w}): cold recompute"
+    return True, None
 
 
 async def _finish(eng, tr, info: dict, r: dict, t0: float) -> dict:
