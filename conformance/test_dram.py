@@ -85,7 +85,7 @@ def test_dram_offload_returns_capacity_then_restores(churn):
 
     tr, st, entries, src, res, new, ref, table = churn.run(go())
     assert st["free_blocks"] == st["num_blocks"] - 1, st  # capacity returned: nothing is held in HBM
-    assert entries == [f"{tr.certificate.scope}#1"]
+    assert entries == [tr.extra["dram"]["tier_key"]]
     assert res["accepted"] and tr.inherited_tokens == 512 and tr.extra["dram"]["state"] == "restored"
     v = compare_tokens(subject=new, oracle=ref, subject_name="successor restored from DRAM",
                        oracle_name="clean_prefix_run[:512]")

@@ -65,13 +65,16 @@ class SafePoints:
         self.armed = None
         self.installed = False
 
-    def install(self, wrapper) -> bool:
-        """Attach to the worker's step wrapper (eager mode only)."""
+    def install(self, wrapper=None) -> bool:
+        """Attach to the worker's one step wrapper (retire/worker_step.py), in eager mode only."""
         if not self.wk.eager(self.worker):
             log.warning("retire: per-layer safe points need enforce_eager=True (compiled graphs fire layer hooks "
                         "unreliably); FENCE falls back to the step boundary")
             return False
-        wrapper.safe_points = self
+        if wrapper is None:
+            from .worker_step import StepWrapper
+            wrapper = StepWrapper.of(self.worker)
+        wrapper.attach(safe_points=self)
         self.installed = True
         return True
 

@@ -92,7 +92,7 @@ class RetireWorkerExtension:
             ledger = RankLedger.from_env()
             if ledger is None:
                 return {"rank": adapter.worker().rank(self), "active": False}
-            wrapper.receipts = RankRecorder(self, ledger)
+            wrapper.attach(receipts=RankRecorder(self, ledger))
         return {"rank": wrapper.receipts.rank, "active": True}
 
     def retire_drop_receipt(self, rank: int, dropped: bool) -> bool:

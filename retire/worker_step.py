@@ -1,10 +1,10 @@
 """The one wrapper around the model runner's step (worker process), and the participants that run inside it.
 
-Invariant: each worker installs exactly one wrapper around `execute_model` (`StepWrapper.install`, idempotent), so
-no two wrappers' order can matter. Inside it, in this fixed order: the rank receipt participant forgets finished
-requests; the step runs (through the safe points when they are active, which may cut it); the rank receipt
-participant acknowledges the step, counting a cut chunk only up to its start. Participants are attached after
-installation and may be absent.
+Invariant: each worker has at most one wrapper around `execute_model`, installed when the first participant is
+attached (`attach`; a worker with no participant, e.g. compiled mode with one rank, keeps vLLM's own call), so no two
+wrappers' order can matter. Inside it, in this fixed order: the rank receipt participant forgets finished requests;
+the step runs (through the safe points when they are active, which may cut it); the rank receipt participant
+acknowledges the step, counting a cut chunk only up to its start.
 """
 from __future__ import annotations
 
@@ -23,10 +23,13 @@ class StepWrapper:
         w = getattr(worker, "_retire_step", None)
         if w is None:
             w = worker._retire_step = cls(worker)
-            w.install()
         return w
 
-    def install(self) -> None:
+    def attach(self, *, safe_points=None, receipts=None) -> None:
+        if safe_points is not None:
+            self.safe_points = safe_points
+        if receipts is not None:
+            self.receipts = receipts
         if not self.installed:
             adapter.worker().wrap_step(self.worker, self.step)
             self.installed = True
