@@ -90,7 +90,7 @@ class Trial:
 
 async def reset_prefix_cache(eng) -> bool:
     """Start every trial from an empty prefix cache, so one arm never reuses another arm's blocks."""
-    return bool(await eng.backend.llm.reset_prefix_cache())
+    return bool(await eng.backend.reset_prefix_cache())
 
 
 async def revision_trial(eng, scope: str, prompt: list[int], revised: list[int], sp_old, sp_new, *,

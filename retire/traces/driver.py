@@ -276,7 +276,7 @@ async def run_arm(eng, arm: str, plans: Sequence[VersionPlan], prompt_of: Prompt
 
     sp = w.sampling()
     if reset_cache:
-        await eng.backend.llm.reset_prefix_cache()
+        await eng.backend.reset_prefix_cache()
     sel = quantum if isinstance(quantum, QuantumSelector) else None
     quanta: list = []
     if isinstance(quantum, int):
