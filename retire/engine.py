@@ -263,9 +263,11 @@ class RetireEngine:
         return tr
 
     async def stream(self, scope: str, epoch: int | None = None, tenant: str = "default") -> AsyncIterator[Frame]:
-        """Yield one version's frames. A revoked version ends with one empty Frame(revoked=True, finished=True)."""
-        async for frame, _ in self.stream_outputs(scope, epoch, tenant):
-            yield frame
+        """Yield one version's frames. A revoked version ends with one empty Frame(revoked=True, finished=True).
+        Closing this stream closes the inner one at once (the version's consumer slot is free again)."""
+        async with contextlib.aclosing(self.stream_outputs(scope, epoch, tenant)) as items:
+            async for frame, _ in items:
+                yield frame
 
     async def stream_outputs(self, scope: str, epoch: int | None = None,
                              tenant: str = "default") -> AsyncIterator[tuple[Frame, object | None]]:
@@ -281,8 +283,9 @@ class RetireEngine:
             raise InvalidRequest(f"scope {scope!r} epoch {v.epoch} already has a consumer")
         v.consumers += 1
         try:
-            async for item in publish(self, v):
-                yield item
+            async with contextlib.aclosing(publish(self, v)) as items:
+                async for item in items:
+                    yield item
         finally:
             v.consumers -= 1
 
