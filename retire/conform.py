@@ -112,9 +112,8 @@ def apply_seams(result: dict, seam_report: dict | None) -> None:
         if v.get("engine") is not False:
             hits += affected.get(ALL, [])
         if hits:
-            ran = f"{v['passed']} passed, {v['failed']} failed, {v['skipped']} skipped"
             v.update(valid=None, verdict="unknown",
-                     reason=f"seam not present: {'; '.join(dict.fromkeys(hits))} (cases: {ran})")
+                     reason=f"seam not present: {'; '.join(dict.fromkeys(hits))}; cases: {v['reason']}")
             v["seams"] = list(dict.fromkeys(hits))
 
 

@@ -176,7 +176,7 @@ class SourceTree:
     @lru_cache(maxsize=None)
     def module(self, name: str) -> ModuleInfo | None:
         f = self._files.get(name)
-        return index_module(name, f[0], f[1]()) if f else None
+        return index_module(name, f[0], self._text(name)) if f else None
 
     def resolve(self, module: str, name: str, depth: int = 0) -> tuple[str, str, tuple | None] | None:
         """`module:name` -> (where it is defined "mod:Name", "class" | "function", signature), following
@@ -230,14 +230,21 @@ class SourceTree:
                     return found
         return None
 
-    def _all_modules(self):
+    @lru_cache(maxsize=None)
+    def _text(self, name: str) -> str:
+        return self._files[name][1]()
+
+    def _all_modules(self, needle: str):
+        """Indexed modules whose text contains `needle` (a cheap filter: most of vLLM is never parsed)."""
         for name in sorted(self._files):
-            mi = self.module(name)
-            if mi is not None:
-                yield mi
+            if needle in self._text(name):
+                mi = self.module(name)
+                if mi is not None:
+                    yield mi
 
     def find_toplevel(self, name: str, *, want_class: bool) -> list[str]:
-        return [f"{mi.name}:{name}" for mi in self._all_modules()
+        needle = f"class {name}" if want_class else f"def {name}"
+        return [f"{mi.name}:{name}" for mi in self._all_modules(needle)
                 if name in (mi.classes if want_class else mi.functions)]
 
     def find_module_named(self, last: str) -> list[str]:
@@ -246,7 +253,7 @@ class SourceTree:
     def classes_defining(self, member: str, near: str) -> list[str]:
         """Classes that define `member` themselves, nearest package first (hints for a member that moved)."""
         pkg = near.rsplit(".", 1)[0]
-        hits = [f"{mi.name}:{c.name}" for mi in self._all_modules() for c in mi.classes.values()
+        hits = [f"{mi.name}:{c.name}" for mi in self._all_modules(member) for c in mi.classes.values()
                 if member in c.members]
         return sorted(hits, key=lambda h: (not h.startswith(near + ":"), not h.startswith(pkg + "."), h))
 
