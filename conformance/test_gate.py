@@ -142,3 +142,18 @@ def test_resolution_rules_on_a_hand_written_tree(tmp_path):
     assert miss.status == "missing" and miss.candidates == ["vllm.impl:Other"]
     moved = check_seam(t, seam("vllm.api:Other", "class"))
     assert moved.status == "moved" and moved.found == "vllm.impl:Other"
+
+
+def test_every_version_module_set_exposes_what_the_newest_tested_one_does():
+    """A per-version module that re-exports another must not silently drop a name the core calls."""
+    import importlib
+
+    base = adapter.VERSIONS["0.32"]
+    for rel, suffix in adapter.VERSIONS.items():
+        for part in ("engine", "frontend", "worker", "table"):
+            want = {n for n in vars(importlib.import_module(f"retire.adapter.{part}{base}")) if not n.startswith("_")}
+            want = {"SEAMS"} if part == "table" else want
+            have = set(vars(importlib.import_module(f"retire.adapter.{part}{suffix}")))
+            assert want <= have, (rel, part, sorted(want - have))
+    with pytest.raises(Exception, match="not supported by this retire"):
+        adapter.suffix("0.26.0")
