@@ -1,5 +1,5 @@
 """The `retire` console entry point: `retire demo`, `retire conform [--vllm SPEC] --json OUT`,
-`retire seams --vllm SPEC [--json OUT]`, `retire report RESULTS.json`, `retire traces ...`."""
+`retire seams --vllm SPEC [--json OUT]`, `retire compat FILE...`, `retire report RESULTS.json`, `retire traces ...`."""
 from __future__ import annotations
 
 import sys
@@ -16,6 +16,9 @@ def main(argv: list[str] | None = None) -> int:
         return run(rest)
     if cmd == "seams":
         from .seamcheck import main as run
+        return run(rest)
+    if cmd == "compat":
+        from .compat import main as run
         return run(rest)
     if cmd == "demo":
         from .demo import main as run

@@ -137,7 +137,10 @@ class SeamReport:
 
     def to_dict(self) -> dict:
         counts = {k: sum(r.status == k for r in self.seams) for k in (PRESENT, MOVED, MISSING, CHANGED)}
+        from . import adapter
+
         return {"kind": "retire-seams", "version": 1, "vllm": self.vllm, "table": self.table,
+                "table_module": f"retire.adapter.table{adapter.VERSIONS[self.table]}",
                 "table_note": self.table_note, "counts": counts, "ok": not self.failing,
                 "affected": self.affected(), "seams": [asdict(r) for r in self.seams]}
 
@@ -151,10 +154,11 @@ def table_for(version: str | None, force: str | None = None) -> tuple[str, tuple
     rel = force or (adapter.release(version) if version else None)
     note = ""
     if rel not in adapter.VERSIONS:
-        newest = max(adapter.VERSIONS, key=lambda r: tuple(int(x) for x in r.split(".")))
-        note = (f"no adapter for vLLM {version or rel or '?'}; checked against the newest table ({newest})"
-                if rel else "")
-        rel = newest
+        key = lambda r: tuple(int(x) for x in r.split("."))  # noqa: E731
+        older = [r for r in adapter.VERSIONS if rel and key(r) <= key(rel)]
+        nearest = max(older, key=key) if older else min(adapter.VERSIONS, key=key)
+        note = f"no adapter for vLLM {version or rel}; checked against the nearest table ({nearest})" if rel else ""
+        rel = nearest
     mod = importlib.import_module(f"retire.adapter.table{adapter.VERSIONS[rel]}")
     return rel, tuple(mod.SEAMS), note
 
@@ -192,7 +196,10 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     tree = open_tree(a.vllm)
     rep = check(tree, a.table)
-    print(render(rep, all_rows=not a.failing))
+    try:
+        print(render(rep, all_rows=not a.failing))
+    except BrokenPipeError:  # `| head`
+        pass
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps(rep.to_dict(), indent=2))

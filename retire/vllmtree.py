@@ -280,11 +280,15 @@ def tree_from_dir(root: Path, origin: str | None = None) -> SourceTree:
         mn = _module_name(p.relative_to(root).as_posix())
         if mn:
             files[mn[0]] = (mn[1], (lambda p=p: p.read_text(encoding="utf-8", errors="replace")))
-    commit = None
-    if (root / ".git").exists():
-        r = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
-        commit = r.stdout.strip() or None
-    return SourceTree(files, origin or str(root), commit=commit)
+    commit = version = None
+    if (root / ".git").exists():  # a checkout has no generated _version.py: its last release tag names it
+        git = ["git", "-C", str(root)]
+        commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
+        tag = subprocess.run([*git, "describe", "--tags", "--abbrev=0"], capture_output=True, text=True).stdout
+        version = tag.strip().lstrip("v") or None
+    tree = SourceTree(files, origin or str(root), commit=commit)
+    tree.version = tree.version or version
+    return tree
 
 
 def tree_from_wheel(path: Path) -> SourceTree:
