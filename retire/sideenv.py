@@ -103,9 +103,12 @@ def ensure(t: Target, log) -> None:
         return
     t.venv.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, VENV=str(t.venv), VLLM_SPEC=t.requirement or "", VLLM_PINS=" ".join(t.pins))
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "bootstrap.sh")], env=env, stdout=log, stderr=log)
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "bootstrap.sh")], env=env, capture_output=True, text=True)
+    log.write(r.stdout + r.stderr)
     if r.returncode != 0:
-        raise RuntimeError(f"building {t.venv} with {t.requirement} failed (exit {r.returncode}); see the log")
+        errors = [ln.strip() for ln in (r.stdout + r.stderr).splitlines() if ln.strip()][-3:]
+        raise RuntimeError(f"building {t.venv} with {t.requirement} failed (exit {r.returncode}): "
+                           + " | ".join(errors))
 
 
 def package_dir(python: str) -> Path:
