@@ -143,6 +143,7 @@ class SourceTree:
         self.origin = origin
         self.version = version or self._read_version()
         self.commit = commit or self._read_commit()
+        self.requires: list[str] = []
 
     # ------------------------------------------------------------------ metadata
     def _assigned_string(self, module: str, names: tuple[str, ...]) -> str | None:
@@ -167,7 +168,8 @@ class SourceTree:
         return self._assigned_string("vllm._version", ("__commit_id__", "commit_id"))
 
     def describe(self) -> dict:
-        return {"version": self.version, "commit": self.commit, "origin": self.origin, "modules": len(self._files)}
+        return {"version": self.version, "commit": self.commit, "origin": self.origin, "modules": len(self._files),
+                **({"requires": self.requires} if self.requires else {})}
 
     # ------------------------------------------------------------------ lookups
     def has_module(self, name: str) -> bool:
@@ -302,7 +304,13 @@ def tree_from_wheel(path: Path) -> SourceTree:
                 files[mn[0]] = (mn[1], (lambda n=n: zf.read(n).decode("utf-8", errors="replace")))
     if not files:
         raise FileNotFoundError(f"{path} holds no vllm/*.py files")
-    return SourceTree(files, str(path))
+    tree = SourceTree(files, str(path))
+    meta = next((n for n in zf.namelist() if n.endswith(".dist-info/METADATA")), None)
+    if meta:  # the build's own pins (a torch ABI pin decides whether it can run next to this machine's torch)
+        reqs = [ln.split(":", 1)[1].strip() for ln in zf.read(meta).decode().splitlines()
+                if ln.startswith("Requires-Dist:") and re.match(r"Requires-Dist: (torch|transformers)\b", ln)]
+        tree.requires = [r for r in reqs if "platform_machine" not in r or "x86_64" in r]
+    return tree
 
 
 def fetch_wheel(dist: str, version: str) -> Path:
