@@ -157,3 +157,16 @@ def test_every_version_module_set_exposes_what_the_newest_tested_one_does():
             assert want <= have, (rel, part, sorted(want - have))
     with pytest.raises(Exception, match="not supported by this retire"):
         adapter.suffix("0.26.0")
+
+
+def test_module_level_names_and_functions(tmp_path):
+    from retire.adapter.seams import seam
+
+    _write(tmp_path, "__init__.py", "from .plat import current as current_platform\n")
+    _write(tmp_path, "plat.py", "current = object()\ndef make(cfg, *, strict):\n    pass\n")
+    t = tree_from_dir(tmp_path)
+    assert check_seam(t, seam("vllm:current_platform")).status == "present"
+    assert check_seam(t, seam("vllm.plat:make", "function", ["cfg"])).status == "changed"  # strict is required
+    assert check_seam(t, seam("vllm.plat:gone", "function")).status == "missing"
+    assert check_seam(t, seam("vllm.plat", "module")).status == "present"
+    assert check_seam(t, seam("vllm.other.plat", "module")).status == "moved"

@@ -68,9 +68,9 @@ def check_seam(tree: SourceTree, s) -> SeamResult:
         else:
             res.detail = f"module {s.module} not found"
         return res
-    if s.kind == "function" or (s.member is None and s.kind != "class"):
-        return _check_toplevel(tree, s, res, want_class=False)
-    cls_res = _check_toplevel(tree, s, SeamResult(s.qualname, s.where, "class", MISSING, []), want_class=True)
+    if s.member is None and s.kind != "class":  # a module-level function, or any other module-level name
+        return _check_toplevel(tree, s, res, want="function" if s.kind == "function" else "any")
+    cls_res = _check_toplevel(tree, s, SeamResult(s.qualname, s.where, "class", MISSING, []), want="class")
     if cls_res.status == MISSING:
         res.detail, res.candidates = cls_res.detail, cls_res.candidates
         return res
@@ -97,16 +97,16 @@ def check_seam(tree: SourceTree, s) -> SeamResult:
     return res
 
 
-def _check_toplevel(tree: SourceTree, s, res: SeamResult, *, want_class: bool) -> SeamResult:
-    """A class or module-level function at `s.module:s.qualname` (re-exports followed)."""
+def _check_toplevel(tree: SourceTree, s, res: SeamResult, *, want: str) -> SeamResult:
+    """A class, a module-level function or (want="any") any module-level name at `s.module:s.qualname`
+    (re-exports followed)."""
     found = tree.resolve(s.module, s.qualname)
-    if found is not None and (found[1] == "class") == want_class:
+    if found is not None and want in ("any", found[1]):
         res.status, res.found = PRESENT, found[0]
-        if not want_class and s.kind == "function":
-            status, detail = _params_verdict(s.params, found[2])
-            res.status, res.detail = status, detail
+        if want == "function":
+            res.status, res.detail = _params_verdict(s.params, found[2])
         return res
-    elsewhere = tree.find_toplevel(s.qualname, want_class=want_class)
+    elsewhere = tree.find_toplevel(s.qualname, want_class=want == "class")
     if elsewhere:
         res.status, res.found, res.candidates = MOVED, elsewhere[0], elsewhere
         res.detail = f"not in {s.module}; defined in {', '.join(c.split(':')[0] for c in elsewhere[:3])}"

@@ -43,6 +43,7 @@ class ModuleInfo:
     classes: dict[str, ClassInfo]
     functions: dict[str, tuple]                # name -> signature
     imports: dict[str, tuple[str, str | None]]  # local name -> (module, name) / (module, None) for `import m as x`
+    names: set[str] = field(default_factory=set)  # other module-level names (assignments, annotations)
 
 
 def signature(fn: ast.FunctionDef | ast.AsyncFunctionDef, *, method: bool) -> tuple:
@@ -131,6 +132,9 @@ def index_module(name: str, is_package: bool, source: str) -> ModuleInfo:
             mi.classes[node.name] = _class_info(name, node)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             mi.functions[node.name] = signature(node, method=False)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                mi.names.update(n.id for n in (t.elts if isinstance(t, ast.Tuple) else [t]) if isinstance(n, ast.Name))
     return mi
 
 
@@ -190,6 +194,8 @@ class SourceTree:
             return f"{module}:{name}", "class", None
         if name in mi.functions:
             return f"{module}:{name}", "function", mi.functions[name]
+        if name in mi.names:
+            return f"{module}:{name}", "attr", None
         imp = mi.imports.get(name)
         if imp and imp[1] is not None:
             if self.has_module(f"{imp[0]}.{imp[1]}"):
