@@ -71,8 +71,14 @@ def test_behaviour_patch_keeps_every_seam_present(tmp_path):
     assert not check(tree_from_dir(vp.patched_copy(tmp_path, vp.TOUCH_SKIPS_HASHED))).failing
 
 
+@pytest.fixture
+def no_engine_wrapper(monkeypatch):
+    """These runs start no engine: never queue them behind an engine-slot lock the calling run may already hold."""
+    monkeypatch.delenv("RETIRE_ENGINE_WRAPPER", raising=False)
+
+
 @pytest.mark.timeout(300)
-def test_conform_on_a_tree_without_a_seam_names_it(tmp_path):
+def test_conform_on_a_tree_without_a_seam_names_it(tmp_path, no_engine_wrapper):
     """A real `retire conform --vllm TREE` run (engine-free modules, this environment + the tree as an overlay): the
     guarantee that depends on the removed seam is unknown naming it, the others keep their verdicts."""
     tree = vp.patched_copy(tmp_path / "tree", vp.EVICT_RENAMED)
@@ -88,7 +94,7 @@ def test_conform_on_a_tree_without_a_seam_names_it(tmp_path):
     assert runtime[EVICT] == "missing"  # the suite really imported the patched tree
 
 
-def test_unrunnable_and_unresolvable_specs_are_unknown_not_crashes(tmp_path):
+def test_unrunnable_and_unresolvable_specs_are_unknown_not_crashes(tmp_path, no_engine_wrapper):
     whl = tmp_path / "vllm-9.9.0-cp38-abi3-manylinux_2_28_x86_64.whl"
     src = vp.patched_copy(tmp_path / "tree", vp.TOUCH_RENAMED)
     with zipfile.ZipFile(whl, "w") as z:

@@ -46,6 +46,8 @@ GUARANTEES = {
     "test_cotenant": "co-tenant load: retired-state isolation under supersede bursts",
     "test_compiled_fallback": "compiled mode falls back to the step boundary",
     "test_replay_driver": "trace replay driver",
+    "test_gate": "gate: seam check and verdicts on patched vLLM trees (negative controls)",
+    "test_gate_controls": "gate: a seam-preserving behaviour change turns a guarantee false",
 }
 ALL = "*"  # a seam every engine guarantee depends on (retire.adapter.seams.ALL)
 
