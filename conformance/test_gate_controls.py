@@ -20,11 +20,13 @@ from retire.gate import run_spec
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.timeout(3600)
+@pytest.mark.timeout(2400)
 def test_touch_that_skips_hashed_blocks_turns_the_handoff_false(tmp_path):
     tree = vp.patched_copy(tmp_path / "tree", vp.TOUCH_SKIPS_HASHED)
-    res = run_spec(str(tree), marker="not slow and not bench", pytest_args=["conformance/test_handoff.py"],
-                   timeout=3000)
+    # -x: after the first broken case the shared engine's block accounting is corrupt and later cases wait on it
+    # (each until pytest-timeout); the first failure is the verdict.
+    res = run_spec(str(tree), marker="not slow and not bench",
+                   pytest_args=["conformance/test_handoff.py", "-x", "-o", "timeout=300"], timeout=1800)
     out = Path(os.environ.get("RETIRE_GATE_CONTROL_JSON", "results/gate-control-touch.json"))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2))
