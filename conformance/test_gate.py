@@ -130,8 +130,8 @@ def test_resolution_rules_on_a_hand_written_tree(tmp_path):
 
     _write(tmp_path, "__init__.py", "")
     _write(tmp_path, "_version.py", "__version__ = version = '0.1.0'\n")
-    _write(tmp_path, "base.py", "class Base:\n    size: int\n    def __init__(self):\n        self.pool, self.n = 1, 2\n"
-                                "    def run(self, a, *args):\n        pass\n")
+    _write(tmp_path, "base.py", "class Base:\n    size: int\n    def __init__(self):\n"
+                                "        self.pool, self.n = 1, 2\n    def run(self, a, *args):\n        pass\n")
     _write(tmp_path, "impl.py", "from .base import Base as B\nclass Impl(B):\n    def go(self, x, y, z=1):\n"
                                 "        pass\nclass Other:\n    def lost(self):\n        pass\n")
     _write(tmp_path, "api.py", "from vllm.impl import Impl\n")
