@@ -27,6 +27,14 @@ def _status(rep, name):
     return next(r for r in rep.seams if r.seam == name)
 
 
+def _table():
+    """The installed vLLM's table (the nearest one for a release the adapter does not support: the gate's own tests
+    must run on the very versions it refuses)."""
+    from retire.seamcheck import table_for
+
+    return table_for(adapter.installed_version())[1]
+
+
 def _passing_result():
     """Every guarantee passed once; `test_comparators` is engine-free, `test_handoff` and `test_safe_points` not."""
     cases = {m: {"passed": 1, "failed": 0, "skipped": 0, "failures": [], "engine": m not in ("test_comparators",)}
@@ -36,7 +44,7 @@ def _passing_result():
 
 def test_installed_vllm_passes_its_own_table():
     rep = check(open_tree("installed"))
-    assert len(rep.seams) == len(adapter.seams()) and not rep.failing, [r.where for r in rep.failing]
+    assert len(rep.seams) == len(_table()) and not rep.failing, [r.where for r in rep.failing]
 
 
 def test_renamed_seam_is_missing_and_every_engine_guarantee_unknown(tmp_path):
@@ -63,7 +71,7 @@ def test_moved_class_says_where_to(tmp_path):
     rep = check(tree_from_dir(root))
     r = _status(rep, TOUCH)
     assert r.status == "moved" and r.found == "vllm.v1.core.block_pool_moved:BlockPool.touch"
-    assert {x.seam for x in rep.failing} == {s.name for s in adapter.seams() if s.qualname == "BlockPool"}
+    assert {x.seam for x in rep.failing} == {s.name for s in _table() if s.qualname == "BlockPool"}
 
 
 def test_behaviour_patch_keeps_every_seam_present(tmp_path):
