@@ -225,3 +225,15 @@ def test_compat_cells_show_exactly_what_each_file_says():
     b = {"vllm": {"version": "2.0"}, "verdicts": {"g": {"verdict": "false"}, "h": {"verdict": "unknown"}}}
     rows = verdict_table([("a.json", a), ("b.json", b)]).splitlines()
     assert rows[2] == "| g | true (3) | false |" and rows[3] == "| h | - | unknown |"
+
+
+def test_conform_keeps_option_values_apart_from_targets(no_engine_wrapper):
+    """`-- --deselect PATH` deselects PATH; it must not become the only target."""
+    from retire.conform import run_here
+
+    res = run_here("unused.json", "not slow and not bench",
+                   ["conformance/test_comparators.py", "conformance/test_safepoint_model.py",
+                    "--deselect", "conformance/test_safepoint_model.py"])
+    v = res["verdicts"]
+    assert v["checker negative controls"]["verdict"] == "true"
+    assert v["safe-point cost model and mailbox"]["verdict"] == "unknown"  # deselected, so nothing ran

@@ -50,6 +50,8 @@ GUARANTEES = {
     "test_gate_controls": "gate: a seam-preserving behaviour change turns a guarantee false",
 }
 ALL = "*"  # a seam every engine guarantee depends on (retire.adapter.seams.ALL)
+VALUE_OPTIONS = {"-k", "-m", "-o", "-p", "-c", "--deselect", "--ignore", "--ignore-glob", "--rootdir", "--timeout",
+                 "--junitxml", "--basetemp", "--override-ini"}
 
 
 class _Collector:
@@ -159,7 +161,10 @@ def run_here(json_out: str, marker: str, pytest_args: list[str]) -> dict:
     t0 = time.monotonic()
     root = Path(__file__).resolve().parent.parent
     col = _Collector()
-    is_target = [not a.startswith("-") and (Path(a.split("::")[0]).exists()) for a in pytest_args]
+    is_target, value_next = [], False
+    for a in pytest_args:  # an existing path is a target unless it is the value of an option (`--deselect PATH`)
+        is_target.append(not value_next and not a.startswith("-") and Path(a.split("::")[0]).exists())
+        value_next = a in VALUE_OPTIONS
     targets = [a for a, t in zip(pytest_args, is_target) if t] or [str(root / "conformance")]
     opts = [a for a, t in zip(pytest_args, is_target) if not t]
     rc = pytest.main([*targets, "-q", "-m", marker, "-p", "no:cacheprovider", *opts], plugins=[col])
