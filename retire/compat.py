@@ -16,8 +16,14 @@ def _version(doc: dict, path: str) -> str:
     return str(v or Path(path).stem)
 
 
-def verdict_table(docs: list[tuple[str, dict]]) -> str:
+def _columns(docs: list[tuple[str, dict]]) -> list[str]:
+    """One label per file: its vLLM version, with the file name where two files share a version."""
     cols = [_version(d, p) for p, d in docs]
+    return [f"{c} ({Path(p).stem})" if cols.count(c) > 1 else c for c, (p, _) in zip(cols, docs)]
+
+
+def verdict_table(docs: list[tuple[str, dict]]) -> str:
+    cols = _columns(docs)
     rows: dict[str, dict[str, str]] = {}
     for (p, d), col in zip(docs, cols):
         for name, v in d.get("verdicts", {}).items():
@@ -34,7 +40,7 @@ def verdict_table(docs: list[tuple[str, dict]]) -> str:
 
 
 def seam_table(docs: list[tuple[str, dict]]) -> str:
-    cols = [_version(d, p) for p, d in docs]
+    cols = _columns(docs)
     rows: dict[str, dict[str, str]] = {}
     for (p, d), col in zip(docs, cols):
         for s in d.get("seams", []):
