@@ -1,5 +1,5 @@
-"""The `retire` console entry point: `retire demo`, `retire conform --json OUT`, `retire report RESULTS.json`,
-`retire traces ...`."""
+"""The `retire` console entry point: `retire demo`, `retire conform [--vllm SPEC] --json OUT`,
+`retire seams --vllm SPEC [--json OUT]`, `retire compat FILE...`, `retire report RESULTS.json`, `retire traces ...`."""
 from __future__ import annotations
 
 import sys
@@ -13,6 +13,12 @@ def main(argv: list[str] | None = None) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd == "conform":
         from .conform import main as run
+        return run(rest)
+    if cmd == "seams":
+        from .seamcheck import main as run
+        return run(rest)
+    if cmd == "compat":
+        from .compat import main as run
         return run(rest)
     if cmd == "demo":
         from .demo import main as run

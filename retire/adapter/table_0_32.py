@@ -22,8 +22,8 @@ SEAMS = (
     seam("vllm.v1.engine.core:EngineCore.scheduler", note="call_utility('scheduler', cmd, payload) dispatch"),
     # ---------------------------------------------------------------- scheduler (engine process)
     seam(f"{SCHED}:Scheduler", "class"),
-    seam(f"{SCHED}:Scheduler.__init__", "method", ["vllm_config", "kv_cache_config", "structured_output_manager"],
-         guarantees=ENGINE_FREE),
+    seam(f"{SCHED}:Scheduler.__init__", "method",
+         ["vllm_config", "kv_cache_config", "structured_output_manager", "block_size"], guarantees=ENGINE_FREE),
     seam(f"{SCHED}:Scheduler.add_request", "method", ["request"]),
     seam(f"{SCHED}:Scheduler.finish_requests", "method", ["request_ids", "finished_status"]),
     seam(f"{SCHED}:Scheduler.update_from_output", "method", ["scheduler_output", "model_runner_output"]),
