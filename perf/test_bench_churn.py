@@ -25,7 +25,7 @@ from vllm import SamplingParams
 
 from conformance.fixtures.prompts import repo_prompt, revise
 from perf.common import Paired, summary
-from retire.demo import Judge
+from retire.trials import Judge
 from retire.faults.churn import ARMS, churn_trial
 
 pytestmark = pytest.mark.bench

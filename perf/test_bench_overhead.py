@@ -33,7 +33,7 @@ from vllm import SamplingParams
 from conformance.fixtures.prompts import repo_prompt
 from oracles import collect, compare_logprobs_close, compare_tokens
 from perf.common import Paired, bootstrap_ci, bootstrap_ci_nested, summary
-from retire.demo import reset_prefix_cache
+from retire.trials import reset_prefix_cache
 
 pytestmark = pytest.mark.bench
 
