@@ -25,8 +25,11 @@ test-all: models
 bench: models
 	$(PY) -m pytest perf -m bench -q -rs --benchmark-json=results/bench.json
 
+# the real-engine state machine at 1,000 examples; its last line: schedules, supersedes, faults, violations, wall time
 soak: models
-	$(PY) -m pytest conformance/test_stateful.py -q --hypothesis-profile=soak -m "not bench"
+	@$(PY) -m pytest conformance/test_stateful.py::test_retire_state_machine -q -s --hypothesis-profile=soak \
+		-m "not bench"; rc=$$?; \
+	$(PY) -c "import json; print(json.load(open('results/stateful-soak.json'))['line'])"; exit $$rc
 
 clean:
 	rm -rf .venv results/*.json

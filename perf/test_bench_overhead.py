@@ -235,6 +235,7 @@ INSTANCES = int(os.environ.get("RETIRE_INSTANCES", "4"))
 PAIRS_PER_INSTANCE = 6
 
 
+@pytest.mark.timeout(1800)  # 4 fresh engine pairs x 6 rounds: about 8 min measured, more than 900 s on a busy machine
 @pytest.mark.parametrize("workload", ["1K-c1", "mixed-8"])
 def test_bench_no_revision_vs_stock_across_instances(benchmark, facades, pool, bench_engines, workload):
     """Table 11 at the resolution its 1% target needs: INSTANCES fresh (retire, stock) engine pairs, started in the
