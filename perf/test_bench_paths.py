@@ -9,9 +9,9 @@ fence at the step boundary).
 Each pedantic round runs BOTH arms (native-cold, retire: sibling facades of one engine) on the same prompt pair, arm
 order alternating (one driver: `retire.trials.revision_trial`); each trial's successor is judged against the path's
 clean oracle inside the trial (`retire.trials.Judge`: exact against the mode-matched reference, retire may instead
-pass the logprob-closeness rule; native-cold must be exact). A round with a rejected arm gives no ratio; rejections are counted. FENCE latency = SUPERSEDE call -> last
-old writer closed (`Transition.fence_latency`). Reported: medians, [min, max], per-pair ratio native/retire. For TP=2
-also whether every rank's receipt arrived. No timing is asserted.
+pass the logprob-closeness rule; native-cold must be exact). A round with a rejected arm gives no ratio; rejections are
+counted. FENCE latency = SUPERSEDE call -> last old writer closed (`Transition.fence_latency`). Reported: medians,
+[min, max], per-pair ratio native/retire. For TP=2 also whether every rank's receipt arrived. No timing is asserted.
 """
 from __future__ import annotations
 

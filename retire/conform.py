@@ -41,6 +41,13 @@ GUARANTEES = {
     "test_cotenant": "co-tenant load: retired-state isolation under supersede bursts",
     "test_compiled_fallback": "compiled mode falls back to the step boundary",
     "test_replay_driver": "trace replay driver",
+    "test_gate_a": "current-version publication: engine gate (a) on its own",
+    "test_epochs": "epochs: concurrent SUPERSEDEs (exactly one wins), stale epochs change nothing",
+    "test_truncation": "versioned handoff: truncation revisions (len(new) - 1 cap)",
+    "test_names": "identities: adversarial tenant/scope names never alias",
+    "test_layering": "packaging: the product never imports the testbed; the control plane never imports oracles",
+    "test_plumbing": "suite plumbing: device verdict, hangs fail with a stack, demo entry point",
+    "test_demo": "retire demo through the console entry point",
 }
 
 

@@ -11,6 +11,6 @@ from .prompts import LOW, VOCAB, repo_prompt, revise, tokens, truncate
 from .revision import Trial, revision_trial
 from .warm import oracle_warmup, reset_prefix_cache, warm_prefill, warmup
 
-__all__ = ["Judge", "ConsumerClock", "Observed", "Received", "Tick", "caught_up", "observe", "LOW", "VOCAB", "repo_prompt",
-           "revise", "tokens", "truncate", "Trial", "revision_trial", "oracle_warmup", "reset_prefix_cache",
+__all__ = ["Judge", "ConsumerClock", "Observed", "Received", "Tick", "caught_up", "observe", "LOW", "VOCAB",
+           "repo_prompt", "revise", "tokens", "truncate", "Trial", "revision_trial", "oracle_warmup", "reset_prefix_cache",
            "warm_prefill", "warmup"]
