@@ -87,6 +87,7 @@ async def serve(args, tenants, kwargs) -> int:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, args.port))
+    sock.listen(2048)  # connections queue from now on; uvicorn accepts them (503 until ready)
     url = f"http://{host}:{sock.getsockname()[1]}"
     config = uvicorn.Config(server, http=protocol(args.socket_sndbuf), lifespan="on", log_level=args.uvicorn_log_level,
                             access_log=not args.disable_uvicorn_access_log, timeout_keep_alive=5)
