@@ -9,6 +9,7 @@ Invariants:
   checked and stripped of `expected_epoch` / `contract` first. Everything else runs vLLM's app unchanged with the
   tenant in the context (for its cache namespace).
 - Oversize bodies are refused with 413 before they are read past the limit.
+- `GET /retire/audit` (any tenant's key) returns the facade's `audit()` report: 200 when clean, 500 otherwise.
 """
 from __future__ import annotations
 
