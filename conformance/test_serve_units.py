@@ -85,3 +85,13 @@ def test_probe_boundary_accounting():
     assert obsolete_after(evs, 150)[0] == 12   # event at 100 straddles 150: 200 and 300 count
     assert obsolete_after(evs, 200)[0] == 7    # no straddler: the event at 200 is excused
     assert obsolete_after(evs, 400)[0] == 0    # everything was written before the accept
+
+
+def test_error_shape_checker():
+    from conformance.fixtures.http import error_shape_ok
+    from retire.serve import errors
+
+    assert error_shape_ok(json.loads(errors.body(409, "stale", param="expected_epoch", current_epoch=3)), 409)
+    assert not error_shape_ok(json.loads(errors.body(409, "stale")), 400)          # wrong code
+    assert not error_shape_ok({"detail": "Not Found"}, 404)                        # FastAPI's default shape
+    assert not error_shape_ok({"error": {"message": "x", "code": 400}}, 400)       # no type / param
