@@ -350,6 +350,26 @@ class RetireEngine:
             async for _ in self.stream(v.scope, v.epoch, v.tenant):
                 pass
 
+    @property
+    def engine_client(self):
+        """The vLLM `EngineClient` (AsyncLLM) this facade runs on, for code that builds on vLLM's own serving layer
+        (model config, renderer, tokenizer, health, metrics, unscoped requests). Requests for scopes must go through
+        the facade."""
+        return self.backend.llm
+
+    async def cancel(self, scope: str, epoch: int | None = None, tenant: str = "default") -> None:
+        """End the current version of a scope as vLLM ends a request whose client went away (an ABORT; the scope
+        keeps its epoch, and a later SUPERSEDE of it starts from a finished predecessor). Refused with `StaleEpoch`
+        if `epoch` is given and is no longer current, so a cancel can never overtake a SUPERSEDE."""
+        self._check_open()
+        s = self.table.get(tenant, scope)
+        if epoch is not None and epoch != s.epoch:
+            raise StaleEpoch(f"scope {scope!r}: cancel of epoch {epoch}, current is {s.epoch}")
+        v = s.current
+        if not v.finished:
+            await self.backend.abort(v.internal_id)
+            self.counters["cancelled"] += 1
+
     async def reset_seams(self) -> None:
         """Restore every test switch and fault hook to production behaviour: this facade's, and the engine's (shared
         by sibling facades: gate (a), writer closure, armed one-shot hooks)."""
