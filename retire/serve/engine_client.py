@@ -13,12 +13,10 @@ Invariants:
 """
 from __future__ import annotations
 
-from ..errors import StaleEpoch
-
 import asyncio
 import logging
 
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, StaleEpoch
 from .context import RequestCtx, current
 from .tenants import DEFAULT_TENANT, cache_salt
 
