@@ -44,7 +44,7 @@ async def _finish_step_after_the_call(h, scope: str, seed: int) -> dict:
     old = asyncio.ensure_future(observe(eng, scope, 0, clock, log))
     try:
         await wait_engine(eng, scope, frontier=UNIT, epoch=0)  # step 1 done; step 2 (the last chunk) is next
-        async with LandInStep(eng, 7) as barrier:
+        async with LandInStep(eng, 7, eng.internal_id(scope, 0)) as barrier:
             await barrier.paused()
             call = clock.mark("supersede")
             task = asyncio.ensure_future(eng.supersede(scope, 0, revised, SP_NEW))

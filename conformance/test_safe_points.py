@@ -29,7 +29,7 @@ async def land(h, scope, *, unit, layer, prompt, revised, sp_new=SP_NEW, posted_
     await eng.submit(scope, prompt, SP_OLD)
     old = asyncio.ensure_future(collect(eng, scope, 0))
     await wait_engine(eng, scope, frontier=unit)  # the first step is done; the second is about to run
-    async with LandInStep(eng, layer) as barrier:
+    async with LandInStep(eng, layer, eng.internal_id(scope, 0)) as barrier:
         await barrier.paused()
         task = asyncio.ensure_future(eng.supersede(scope, 0, revised, sp_new))
         await barrier.posted(eng.internal_id(scope, 0), timeout=posted_within)
@@ -157,7 +157,7 @@ def test_mixed_step_is_not_cut_and_the_cotenant_is_unchanged(long8k):
         prompt = repo_prompt(2 * unit, seed=8)
         await eng.submit("a", prompt, SP_OLD, tenant="A")
         await wait_engine(eng, "a", frontier=unit - 200, tenant="A")  # one mixed step of A done
-        async with LandInStep(eng, 4) as barrier:
+        async with LandInStep(eng, 4, eng.internal_id("a", 0, tenant="A")) as barrier:
             await barrier.paused()
             task = asyncio.ensure_future(eng.supersede("a", 0, revise(prompt, 500, 3000, 8), SP_NEW, tenant="A"))
             await barrier.posted(eng.internal_id("a", 0, tenant="A"))
