@@ -1,9 +1,11 @@
-"""`retire demo`, end to end through the console entry point (`retire.cli.main`), on the unit model: the
-"during-decode" section, one trial per policy, with its own engines (subject + stock oracle), as a user would run it.
+"""`retire demo`, end to end through the console entry point (`retire.cli.main`): the "during-decode" section (section
+3, long model on the `long-churn` shape), one trial per policy, with its own engines (subject + stock oracle), as a
+user would run it.
 
 Checked: exit status 0; the JSON document it wrote holds one trial per policy; every successor passed its oracle
 inside the demo (exact or tolerant, `retire.trials.Judge`); retire published 0 obsolete tokens by the consumer's
-clock while native-cold, with the same slow consumer, published some (the demo's positive control).
+clock while native-cold, with the same slow consumer, published some (the demo's positive control); the one-screen
+summary is printed and recorded with the section's measured figures.
 """
 from __future__ import annotations
 
@@ -27,4 +29,8 @@ def test_retire_demo_runs_through_the_console_entry_point(device, tmp_path, caps
     assert all(t["ok"] for t in trials.values()), [(p, t["verdict"]) for p, t in trials.items()]
     assert trials["retire"]["obsolete_tokens_published"] == 0 == doc["retire_obsolete"]
     assert trials["native-cold"]["obsolete_tokens_published"] > 0, "positive control: native publishes obsolete"
-    assert "B: revision during decode" in printed and doc["failed"] == 0
+    assert "3: revision during decode" in printed and doc["failed"] == 0
+    (head,) = doc["headline"]
+    assert head["id"] == "during-decode" and head["oracle_pass"] == head["trials"] == 3
+    assert head["obsolete_published"]["retire"] == 0 < head["obsolete_published"]["native-cold"]
+    assert "| 3 decode, slow consumer |" in printed

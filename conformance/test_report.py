@@ -226,9 +226,16 @@ def test_demo_shaped_input(tmp_path, capsys):
            "sections": [{"id": "during-decode", "scenario": "B: revision during decode",
                          "summary": [row("native-cold", [4, 4, 4], 0), row("retire", [0, 0, 0], 896)]}],
            "versions": {"vllm": "0.32.0", "torch": "2.13.0+cpu", "python": "3.11.7"},
-           "machine": {"nproc": 2, "platform": "Linux-x", "mem_total_gb": 23.5}, "failed": 0, "retire_obsolete": 0}
+           "machine": {"nproc": 2, "platform": "Linux-x", "mem_total_gb": 23.5}, "failed": 0, "retire_obsolete": 0,
+           "headline": [{"section": 3, "id": "during-decode", "ttft_ratio_native_prefix_over_retire": 1.0412,
+                         "ttft_ratio_native_cold_over_retire": 4.2, "trials": 6, "oracle_pass": 6,
+                         "obsolete_published": {"native-cold": 12, "native-prefix": None, "retire": 0},
+                         "tokens_reused_median": {"native-cold": 0, "retire": 896},
+                         "retire_fence_paths": {"step-boundary": 3}}]}
     rc, md = run(tmp_path, doc, capsys)
     assert rc == 0
+    assert "## Summary: what retire bought per section" in md
+    assert "| 3 during-decode | 1.04 | 4.20 | 12/–/0 | 0/–/896 | step-boundary 3 | 6/6 pass |" in md
     assert "Machine: Linux-x, 2 CPUs, 23.5 GB RAM, Python 3.11.7, vllm 0.32.0, torch 2.13.0+cpu" in md
     assert "## B: revision during decode" in md
     assert "| native-cold | 12 (4+4+4) | 0.099 | 0 | 0.004 | 0.25 | 3/3 pass (exact) |" in md

@@ -34,7 +34,8 @@ Inputs, detected by shape (anything else, or an unreadable file, exits 2 with a 
                             obsolete tokens "obsolete_tokens_published[arm]"
                                                                                       -> per-arm + per-pair ratio tables
   Any other benchmark gets a generic key | value table of its scalar and summary extra_info entries.
-- the demo JSON (results/demo.json, written by retire/demo.py): its side-by-side policy table per section.
+- the demo JSON (results/demo.json, written by retire/demo/): its side-by-side policy table per section and, when
+  present, its summary ("headline": what retire bought per section).
 - `retire conform --json` verdicts (kind "retire-conformance"): guarantee | verdict | passed/failed/skipped.
 """
 from __future__ import annotations
@@ -98,7 +99,8 @@ def header(kind: str, doc: dict) -> str:
 
 
 def report_demo(doc: dict) -> list[str]:
-    """The demo's side-by-side table (retire/demo.py `table`), plus the recorded FENCE latency median."""
+    """The demo's side-by-side table per section (retire/demo/summary.py `table`), plus the recorded FENCE latency
+    median, then its one-screen summary (`headline`) when the document has one."""
     lines = [f"Demo: {doc.get('demo')}, {num(doc.get('repeats'))} repeats per policy, slow consumer "
              f"{num(doc.get('slow_consumer_s_per_frame'))} s/frame. Obsolete tokens: sum over repeats (per repeat); "
              "TTFT, tokens reused, FENCE, wall: recorded medians.", ""]
@@ -113,8 +115,25 @@ def report_demo(doc: dict) -> list[str]:
                  "wall time (s)": fix(r.get("wall_s_median"), 2), "oracle verdict": r.get("verdict")}
                 for r in s.get("summary") or [] if isinstance(r, dict)]
         lines += [f"## {s.get('scenario', s.get('id'))}", "", md(pd.DataFrame(rows)) if rows else "_no summary_", ""]
+    heads = [h for h in doc.get("headline") or [] if isinstance(h, dict)]
+    if heads:
+        lines += ["## Summary: what retire bought per section", "", md(pd.DataFrame([_headline_row(h) for h in heads])),
+                  ""]
     return lines + [f"Failed successors: {num(doc.get('failed'))}; obsolete tokens published by retire: "
                     f"{num(doc.get('retire_obsolete'))}; total demo wall time: {fix(doc.get('total_wall_s'), 1)} s", ""]
+
+
+def _headline_row(h: dict) -> dict:
+    """One row of the demo's summary (retire/demo/summary.py `headline`): median paired TTFT ratios, per-policy
+    obsolete tokens and reused tokens (native-cold/native-prefix/retire), retire's FENCE paths, oracle count."""
+    trio = lambda d: "/".join(num((d or {}).get(p)) for p in ("native-cold", "native-prefix", "retire"))
+    return {"section": f"{num(h.get('section'))} {h.get('id')}",
+            "TTFT native-prefix/retire": fix(h.get("ttft_ratio_native_prefix_over_retire"), 2),
+            "TTFT native-cold/retire": fix(h.get("ttft_ratio_native_cold_over_retire"), 2),
+            "obsolete published c/p/r": trio(h.get("obsolete_published")),
+            "tokens reused c/p/r": trio(h.get("tokens_reused_median")),
+            "retire FENCE path": ", ".join(f"{k} {v}" for k, v in sorted((h.get("retire_fence_paths") or {}).items())),
+            "oracle": f"{num(h.get('oracle_pass'))}/{num(h.get('trials'))} pass"}
 
 
 def report_conform(doc: dict) -> list[str]:
