@@ -70,7 +70,7 @@ class Engines:
         path, shape = shape_kwargs(key)
         base = RetireEngine(path, "retire", **shape)
         await warmup(base)
-        await warm_prefill(base, base.backend.chunk)  # untimed: one full prefill unit and a decode step
+        await warm_prefill(base, min(base.backend.chunk, 2048))  # untimed: a 2048-token prefill and a decode step
         self.subject = Subject(key, base, {p: base.with_policy(p) for p in POLICY_ORDER})
         self.started_s += now() - t0
         log(f"subject engine [{key}] up in {now() - t0:.1f}s ({shape})")
