@@ -34,3 +34,30 @@ def test_retire_demo_runs_through_the_console_entry_point(device, tmp_path, caps
     assert head["id"] == "during-decode" and head["oracle_pass"] == head["trials"] == 3
     assert head["obsolete_published"]["retire"] == 0 < head["obsolete_published"]["native-cold"]
     assert "| 3 decode, slow consumer |" in printed
+
+
+def _rows(ttfts: dict, obsolete=0, ok=True):
+    return [{"repeat": r, "policy": p, "obsolete_tokens_published": obsolete, "successor_ttft_s": ts[r],
+             "tokens_reused": 0 if p == "native-cold" else 2048, "fence_latency_s": 0.1, "wall_s": 1.0,
+             "fence_path": "safe-point" if p == "retire" else "native-abort", "ok": ok or p != "retire",
+             "verdict": "tolerant vs clean_run" if ok or p != "retire" else "FAIL: x"}
+            for p, ts in ttfts.items() for r in range(len(ts))]
+
+
+def test_demo_summary_is_computed_from_the_measured_rows():
+    """Engine-free: the one-screen summary's ratios are medians of per-repeat paired ratios; an obsolete count a
+    section does not measure is "n/a", never 0; a failed successor lowers the oracle count (negative control)."""
+    from retire.demo.summary import headline, headline_table, paired_ratio, summarize
+
+    rows = _rows({"native-cold": [6.0, 9.0, 6.6], "native-prefix": [5.0, 8.0, 4.0], "retire": [1.0, 1.0, 2.0]})
+    assert paired_ratio(rows, "native-prefix", "retire") == 5.0  # ratios 5, 8, 2
+    sec = {"id": "in-step", "number": 1, "summary": summarize(rows), "trials": rows}
+    h = headline(sec)
+    assert (h["oracle_pass"], h["trials"]) == (9, 9) and h["retire_fence_paths"] == {"safe-point": 3}
+    assert h["tokens_reused_median"] == {"native-cold": 0, "native-prefix": 2048, "retire": 2048}
+    cells = [c.strip() for c in headline_table([h]).splitlines()[-1].strip("|").split("|")]
+    assert cells == ["1 in-step, obsolete work", "5.00x", "6.60x", "0/0/0", "0/2048/2048", "safe-point 3", "9/9 pass"]
+    bad = _rows({"native-prefix": [5.0], "retire": [1.0]}, obsolete=None, ok=False)
+    hb = headline({"id": "churn", "number": 2, "summary": summarize(bad), "trials": bad})
+    assert (hb["oracle_pass"], hb["trials"]) == (1, 2)
+    assert hb["obsolete_published"]["retire"] is None and " n/a " in headline_table([hb])
