@@ -50,13 +50,13 @@ def test_demo_summary_is_computed_from_the_measured_rows():
     from retire.demo.summary import headline, headline_table, paired_ratio, summarize
 
     rows = _rows({"native-cold": [6.0, 9.0, 6.6], "native-prefix": [5.0, 8.0, 4.0], "retire": [1.0, 1.0, 2.0]})
-    assert paired_ratio(rows, "native-prefix", "retire") == 5.0  # ratios 5, 8, 2
+    assert paired_ratio(rows, "native-prefix", "retire") == 5.0  # ratios 5, 8, 2 (cold: 6, 9, 3.3)
     sec = {"id": "in-step", "number": 1, "summary": summarize(rows), "trials": rows}
     h = headline(sec)
     assert (h["oracle_pass"], h["trials"]) == (9, 9) and h["retire_fence_paths"] == {"safe-point": 3}
     assert h["tokens_reused_median"] == {"native-cold": 0, "native-prefix": 2048, "retire": 2048}
     cells = [c.strip() for c in headline_table([h]).splitlines()[-1].strip("|").split("|")]
-    assert cells == ["1 in-step, obsolete work", "5.00x", "6.60x", "0/0/0", "0/2048/2048", "safe-point 3", "9/9 pass"]
+    assert cells == ["1 in-step, obsolete work", "5.00x", "6.00x", "0/0/0", "0/2048/2048", "safe-point 3", "9/9 pass"]
     bad = _rows({"native-prefix": [5.0], "retire": [1.0]}, obsolete=None, ok=False)
     hb = headline({"id": "churn", "number": 2, "summary": summarize(bad), "trials": bad})
     assert (hb["oracle_pass"], hb["trials"]) == (1, 2)
