@@ -101,7 +101,9 @@ def header(kind: str, doc: dict) -> str:
 def report_demo(doc: dict) -> list[str]:
     """The demo's side-by-side table per section (retire/demo/summary.py `table`), plus the recorded FENCE latency
     median, then its one-screen summary (`headline`) when the document has one."""
-    lines = [f"Demo: {doc.get('demo')}, {num(doc.get('repeats'))} repeats per policy, slow consumer "
+    reps = doc.get("repeats")
+    reps = f"{num(reps)} repeats per policy" if isinstance(reps, (int, float)) else "repeats per policy per section"
+    lines = [f"Demo: {doc.get('demo')}, {reps}, slow consumer "
              f"{num(doc.get('slow_consumer_s_per_frame'))} s/frame. Obsolete tokens: sum over repeats (per repeat); "
              "TTFT, tokens reused, FENCE, wall: recorded medians.", ""]
     for s in doc["sections"]:
@@ -114,7 +116,8 @@ def report_demo(doc: dict) -> list[str]:
                  "FENCE latency (median, s)": fix(r.get("fence_latency_s_median"), 3),
                  "wall time (s)": fix(r.get("wall_s_median"), 2), "oracle verdict": r.get("verdict")}
                 for r in s.get("summary") or [] if isinstance(r, dict)]
-        lines += [f"## {s.get('scenario', s.get('id'))}", "", md(pd.DataFrame(rows)) if rows else "_no summary_", ""]
+        title = s.get("scenario", s.get("id")) + (f" ({num(s['repeats'])} repeats)" if "repeats" in s else "")
+        lines += [f"## {title}", "", md(pd.DataFrame(rows)) if rows else "_no summary_", ""]
     heads = [h for h in doc.get("headline") or [] if isinstance(h, dict)]
     if heads:
         lines += ["## Summary: what retire bought per section", "", md(pd.DataFrame([_headline_row(h) for h in heads])),
