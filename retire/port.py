@@ -38,6 +38,7 @@ class KVPort(Protocol):
 
     # -- reads
     def view(self, req: Any) -> RequestView | None: ...        # a request id, or a request handle not yet admitted
+    def known(self, req_id: str) -> bool: ...                 # in the scheduler at all
     def live(self, req_id: str) -> bool: ...
     def frontier(self, req_id: str) -> int: ...
     def blocks(self, req_id: str) -> list[list[int]]: ...       # per group; placeholders are null_block_id

@@ -66,6 +66,7 @@ class TransitionCore:
         self.closed_at: OrderedDict[str, float] = OrderedDict()
         self.max_results = max_results
         self.step = 0
+        self.left: list[str] = []  # request ids that left the scheduler since the last commit (forgotten there)
 
     # ------------------------------------------------------------------ events from the scheduler
     def submit(self, handle, tag: RequestTag) -> None:
@@ -239,8 +240,9 @@ class TransitionCore:
             if not (cut and cut["chunks"].get(rid, (0, 0))[1]):
                 self.shape.observe(rid, start, n, plen, tables)
         self.slack.after_commit([p[0] for p in pre])
-        if len(self.versions.tags) > len(self.port.request_ids()):
-            self.prune()
+        self.left += [p[0] for p in pre if not self.port.known(p[0])]  # finished (vLLM freed them in this commit)
+        if self.left:
+            self._forget_left()
 
     def gate(self, req_id: str) -> bool:
         """Gate (a): may this request's output be committed?"""
@@ -262,8 +264,19 @@ class TransitionCore:
         for rid in req_ids:
             self.closed_at[rid] = t
             self.slack.release(rid)
+            self.left.append(rid)
         while len(self.closed_at) > 4096:
             self.closed_at.popitem(last=False)
+
+    def _forget_left(self) -> None:
+        """Per-request state of the requests that left, O(requests that left): a full `prune` scans every live
+        request, which made each transition O(live scopes) (the step after a RECLAIM always pruned)."""
+        left, self.left = self.left, []
+        gone = [r for r in left if not self.port.known(r)]
+        self.versions.drop(gone)
+        self.fence.drop(gone)
+        for rid in gone:
+            self.shape.forget(rid)
 
     def prune(self) -> None:
         live = set(self.port.request_ids())

@@ -51,6 +51,10 @@ class SchedulerPort:
                            r.is_finished(), (("cache_salt", r.cache_salt), ("lora", getattr(lora, "lora_name", None))),
                            len(r.spec_token_ids or ()))
 
+    def known(self, req_id: str) -> bool:
+        """Still in the scheduler (live, held, or finished with its blocks' free delayed)."""
+        return req_id in self.s.requests
+
     def live(self, req_id: str) -> bool:
         r = self.s.requests.get(req_id)
         return r is not None and not r.is_finished()
