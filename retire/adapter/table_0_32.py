@@ -48,7 +48,8 @@ SEAMS = (
     seam(f"{STKM}:SingleTypeKVCacheManager.block_size"),
     seam(f"{STKM}:SlidingWindowManager.get_num_skipped_tokens", "method", ["num_computed_tokens"],
          guarantees=("test_hybrid",) + SLACK),
-    seam(f"{STKM}:SlidingWindowManager.remove_skipped_blocks", "method", ["request_id"], guarantees=SLACK,
+    seam(f"{STKM}:SlidingWindowManager.remove_skipped_blocks", "method", ["request_id", "processed_computed_tokens"],
+         guarantees=SLACK,
          note="frees blocks behind the window at the next schedule(); the revision slack pins them first "
               "(an extra ref_cnt keeps them out of the free queue)"),
     seam(f"{POOL}:BlockPool.blocks"),
