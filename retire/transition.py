@@ -66,7 +66,7 @@ class TransitionCore:
         self.closed_at: OrderedDict[str, float] = OrderedDict()
         self.max_results = max_results
         self.step = 0
-        self.left: list[str] = []  # request ids that left the scheduler since the last commit (forgotten there)
+        self.left: list[str] = []  # request ids that left the scheduler since the last commit (forgotten in after_gate)
 
     # ------------------------------------------------------------------ events from the scheduler
     def submit(self, handle, tag: RequestTag) -> None:
@@ -241,6 +241,10 @@ class TransitionCore:
                 self.shape.observe(rid, start, n, plen, tables)
         self.slack.after_commit([p[0] for p in pre])
         self.left += [p[0] for p in pre if not self.port.known(p[0])]  # finished (vLLM freed them in this commit)
+
+    def after_gate(self) -> None:
+        """After gate (a) judged this step's outputs: forget the requests that left the scheduler (a request's last
+        output is judged by its tag before the tag is dropped), one by one: O(requests that left), not O(live)."""
         if self.left:
             self._forget_left()
 
