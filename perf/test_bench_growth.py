@@ -223,7 +223,7 @@ ENGINE_ROUNDS = 4
 def test_bench_growth_live_scopes_engine(benchmark, facades, runner, bench_engines):
     from oracles.runs import collect
     from retire.barriers import wait_engine
-    from retire.demo import Judge
+    from retire.trials import Judge
 
     fs, oracle = facades("unit-wide", "retire")
     eng = fs["retire"]
@@ -305,7 +305,7 @@ TTFT_ARMS = ("retire", "native-prefix")
 
 
 def test_bench_growth_ttft_prompt_length(benchmark, facades, runner):
-    from retire.demo import Judge, revision_trial
+    from retire.trials import Judge, revision_trial
 
     fs, oracle = facades("long-32k", *TTFT_ARMS)
     judge = Judge(oracle)

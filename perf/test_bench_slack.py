@@ -30,7 +30,7 @@ from oracles.runs import collect
 from perf.common import Paired, bootstrap_ci, summary
 from retire import Contract
 from retire.barriers import wait_engine
-from retire.demo import Judge, Trial, reset_prefix_cache
+from retire.trials import Judge, Trial, reset_prefix_cache
 
 pytestmark = pytest.mark.bench
 
