@@ -126,6 +126,18 @@ def loglog_fit(points: Sequence[tuple[float, float]]) -> dict | None:
             "points": len(p)}
 
 
+def order(exponent: float | None, n: str) -> str:
+    """The complexity a fitted growth exponent shows: O(1) below 0.25, O(n) within 0.75..1.25, else O(n^b) (the
+    statement follows the measurement, never the other way round)."""
+    if exponent is None:
+        return "unfitted"
+    if exponent < 0.25:
+        return "O(1)"
+    if 0.75 <= exponent <= 1.25:
+        return f"O({n})"
+    return f"O({n}^{exponent})"
+
+
 def curve(series: dict[str, list[tuple[float, list[float]]]], *, name: str, x_label: str, y_label: str,
           complexity: str, fit_from: float = 0) -> dict:
     """The `growth_curve` extra_info of a cost-growth benchmark: per series, one summary per x (medians, min, max of

@@ -37,7 +37,7 @@ from vllm import SamplingParams
 
 from conformance.fixtures.enginefree import EngineFreeCore
 from conformance.fixtures.prompts import repo_prompt, revise, tokens
-from perf.common import Paired, curve, summary
+from perf.common import Paired, curve, order, summary
 from retire import Contract
 
 pytestmark = pytest.mark.bench
@@ -96,7 +96,7 @@ def test_bench_growth_certified_blocks(benchmark, monkeypatch):
     c = curve(series, name="transition_vs_certified_blocks", x_label="certified blocks (32 tokens each)",
               y_label="engine-side transition time (s)", fit_from=256, complexity="")
     exp = c["fit"]["transition (caller's clock)"]["exponent"]
-    c["complexity"] = (f"O(certified blocks): growth exponent {exp} over 256..4,096 blocks; {per} ms per 1,000 "
+    c["complexity"] = (f"{order(exp, 'certified blocks')}: growth exponent {exp} over 256..4,096 blocks; {per} ms per 1,000 "
                        f"blocks at 4,096 (target <= 1); below ~64 blocks the fixed cost (~0.1 ms) dominates")
     benchmark.extra_info.update({"scenario": "engine-free: one SUPERSEDE vs certified blocks (full attention, one "
                                              "KV group, block 32)", "rounds_per_point": CERT_ROUNDS,
@@ -197,15 +197,18 @@ def test_bench_growth_live_scopes(benchmark):
     t = curve(series, name="transition_vs_live_scopes", x_label="live scopes (all running)",
               y_label="time (s)", fit_from=100, complexity="")
     fe = t["fit"]
-    t["complexity"] = (f"retire's own work is O(1) per scope: the core without RECLAIM has growth exponent "
-                       f"{fe['retire core without RECLAIM']['exponent']} over 100..10,000 scopes; RECLAIM is vLLM's "
-                       f"finish_requests, O(running) here ({fe['RECLAIM (vLLM finish_requests)']['exponent']}): it "
+    core_x, rec_x = fe['retire core without RECLAIM']['exponent'], fe['RECLAIM (vLLM finish_requests)']['exponent']
+    t["complexity"] = (f"retire's own transition work is {order(core_x, 'live scopes')} in the live scopes: the core "
+                       f"without RECLAIM has growth exponent {core_x} over 100..10,000 scopes; RECLAIM is vLLM's "
+                       f"finish_requests, {order(rec_x, 'running')} here (exponent {rec_x}): it "
                        f"rebuilds the running list (a waiting predecessor: the waiting queue), for native aborts "
                        f"too; retire's per-step commit costs O(1) per scheduled request (exponent "
                        f"{fe['retire per-step commit, per scheduled request']['exponent']})")
     m = curve(mem, name="memory_per_scope", x_label="live scopes", y_label="bytes per scope", fit_from=10,
               complexity="")
-    m["complexity"] = ("O(1) per scope (flat in the number of scopes); the frontend keeps every version of a scope "
+    mx = {k: v["exponent"] for k, v in m["fit"].items()}
+    m["complexity"] = (f"bytes per scope vs scopes: exponents {mx} ({order(max(mx.values()), 'scopes')} per scope); "
+                       "the frontend keeps every version of a scope "
                        "(its prompt and records: `transitions()` and `stream(scope, epoch)` of old epochs are API), "
                        "so a scope grows by one version record per revision")
     benchmark.extra_info.update({"scenario": "engine-free: N live scopes, every version running; a target scope "
@@ -282,12 +285,15 @@ def test_bench_growth_live_scopes_engine(benchmark, facades, runner, bench_engin
     t = curve(series, name="transition_vs_live_scopes_engine", x_label="live scopes (all running, unit model)",
               y_label="time (s)", fit_from=1, complexity="")
     fe = {k: v["exponent"] for k, v in t["fit"].items()}
-    t["complexity"] = (f"engine transition without RECLAIM: exponent {fe.get('engine transition without RECLAIM')}"
-                       f" over 1..256 scopes (O(1) per scope); the caller's time includes waiting for the running "
+    wx = fe.get('engine transition without RECLAIM')
+    t["complexity"] = (f"engine transition without RECLAIM: exponent {wx} over 1..256 scopes "
+                       f"({order(wx, 'live scopes')}); the caller's time includes waiting for the running "
                        f"step (a batch of N decodes) to end, which grows with N")
     m = curve(mem, name="frontend_memory_per_scope_engine", x_label="live scopes", y_label="bytes per scope",
-              complexity="O(1) per scope: flat in the number of scopes (retire's records, vLLM's input processing "
-                         "and output-processor state per request)")
+              complexity="")
+    mx = m["fit"].get("frontend process, per submitted scope", {}).get("exponent")
+    m["complexity"] = (f"bytes per submitted scope vs scopes: exponent {mx} ({order(mx, 'scopes')} per scope; retire's "
+                       "records, vLLM's input processing and output-processor state per request)")
     benchmark.extra_info.update({"scenario": "unit-wide engine: N live scopes all running (1,500-token decodes); a "
                                              "target superseded 4 times per N (certifies 480 tokens)",
                                  "growth_curves": [t, m], "verdicts": "every final successor oracle-checked"})
@@ -345,14 +351,15 @@ def test_bench_growth_ttft_prompt_length(benchmark, facades, runner):
     c = curve(ttft, name="successor_ttft_vs_prompt_length", x_label="prompt length (tokens; 90% shared)",
               y_label="successor TTFT (s)", fit_from=4096, complexity="")
     fe = {k: v["exponent"] for k, v in c["fit"].items()}
-    c["complexity"] = (f"both arms compute the unshared 10% against the whole prefix: retire exponent "
-                       f"{fe.get('retire')}, native-prefix {fe.get('native-prefix')} over 4K..32K "
-                       f"(attention makes the suffix's cost grow faster than linearly); retire adds no term of "
-                       f"its own (the transition is O(certified blocks), below)")
+    rx, nx = fe.get("retire"), fe.get("native-prefix")
+    c["complexity"] = (f"successor TTFT vs prompt length (both arms compute the unshared 10% against the whole "
+                       f"prefix): retire exponent {rx} ({order(rx, 'L')}), native-prefix {nx} ({order(nx, 'L')}) "
+                       f"over 4K..{LENGTHS[-1]:,} tokens; retire's own term is the engine-side transition, below")
     e = curve(engine, name="transition_vs_certified_blocks_engine", x_label="certified blocks (real engine)",
               y_label="engine-side transition time (s)", fit_from=100, complexity="")
     ex = e["fit"].get("engine transition (engine clock)", {}).get("exponent")
-    e["complexity"] = f"real engine, long model: growth exponent {ex} over the points from 100 certified blocks"
+    e["complexity"] = (f"real engine, long model: {order(ex, 'certified blocks')}, growth exponent {ex} over the "
+                       f"points from 100 certified blocks")
     benchmark.extra_info.update({
         "scenario": "long-32k engine (chunk 2048): revision after the predecessor's prefill, 90% shared, paired, "
                     "every successor oracle-checked", "growth_curves": [c, e],
