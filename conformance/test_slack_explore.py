@@ -54,7 +54,9 @@ def test_negative_control_slack_that_never_pins(monkeypatch):
 
 def test_negative_control_kept_range_never_moves_forward(monkeypatch):
     msg = _must_catch(monkeypatch, "_give_back", lambda self, k, below: None)
-    assert "outside [" in msg, msg
+    # a kept range that never moves forward leaves [first_needed(F - S), first_needed(F)), and under a quota it also
+    # grows past the quota: whichever invariant the schedule reaches first reports it
+    assert "outside [" in msg or "beyond its quota" in msg, msg
 
 
 def test_negative_control_quota_ignored(monkeypatch):
