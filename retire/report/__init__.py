@@ -27,6 +27,9 @@ Inputs, detected by shape (anything else, or an unreadable file, exits 2 with a 
                             executions over time                                       -> table + replay_timeline.png
                             With per-arm replay metrics (`metric[arm]`, perf/test_bench_replay.py) it also gets a
                             Table 9 style per-arm table, the per-pair ratios and the recorded "targets" verdicts.
+    cost-growth curves      "growth_curves": [{"name", "x_label", "y_label", "series": {name: [{"x", "y"}]},
+                            "fit": {name: {"exponent", "r2", "points"}}, "complexity"}] (perf/test_bench_growth.py)
+                                                  -> per curve: statement, fits, table + growth_<name>.png
     revision-rate matrix    "replay_matrix": [{rate, concurrency, policy, quantum, ...}] (+ "best_native_quantum")
                             (paper A.2.2)                                              -> the rows as recorded
     FENCE at step boundary "fence_latency_s[arm]"; successor TTFT "successor_ttft_s[arm]"; no-revision cost
