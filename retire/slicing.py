@@ -201,3 +201,35 @@ def selfcheck(wk, info: dict, dtype, tile: int, n_slices: int = 8, seed: int = 0
     diff = (full.float() - sliced.float()).abs().nan_to_num(float("inf")).max().item()
     return {"exact": exact, "slices": len(slices), "max_abs_diff": diff,
             "reason": None if exact else f"sliced kernel differs from the unsliced one by up to {diff:g}"}
+
+
+# ---------------------------------------------------------------------- worker RPCs (retire/worker_ext.py)
+def control(worker, enabled: bool | None = None) -> dict:
+    """Switch slicing on/off in this worker (test: the unsliced reference run) and report its verdict."""
+    sp = getattr(getattr(worker, "_retire_step", None), "safe_points", None)
+    sl = getattr(sp, "slicer", None)
+    if sl is None:
+        return {"installed": False}
+    if enabled is not None:
+        sl.enabled = bool(enabled)
+    return {"installed": True, "enabled": sl.enabled, "sliced_calls": sl.sliced_calls,
+            "min_tokens": sl.min_tokens, "verdict": sl.verdict}
+
+
+def logits_probe(worker, on: bool) -> list[str]:
+    """Start (on) or stop (off) recording a sha256 of every logits tensor the model computes, in order; stopping
+    returns the digests. Observation only: the tensors are not changed."""
+    import hashlib
+
+    if on:
+        digests: list[str] = []
+
+        def record(t):
+            digests.append(hashlib.sha256(t.detach().contiguous().float().numpy().tobytes()).hexdigest())
+
+        worker._retire_logits = (digests, adapter.worker().observe_logits(worker, record))
+        return []
+    digests, undo = getattr(worker, "_retire_logits", ([], lambda: None))
+    undo()
+    worker._retire_logits = ([], lambda: None)
+    return digests

@@ -139,6 +139,26 @@ def wrap_attention(attn, fn: Callable[..., Any]) -> Callable[[], None]:
     return lambda: impl.__dict__.pop("forward", None)
 
 
+def observe_logits(worker, fn: Callable[[Any], None]) -> Callable[[], None]:
+    """Call `fn(logits)` on every logits tensor the model computes (observation only; test probe); returns the undo."""
+    model = runner(worker).model
+    orig = model.compute_logits
+
+    def compute_logits(*args, **kwargs):
+        out = orig(*args, **kwargs)
+        fn(out)
+        return out
+
+    model.compute_logits = compute_logits
+    return lambda: model.__dict__.pop("compute_logits", None)
+
+
+def kernel_isa(dtype, block_size: int, head_dim: int, kv_cache_dtype: str = "auto") -> str:
+    """The CPU_ATTN ISA vLLM selects for this shape on this machine (the metadata builder's own choice)."""
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+    return _get_attn_isa(dtype, block_size, head_dim, kv_cache_dtype)
+
+
 def kernel_info(attn) -> dict:
     """What decides the kernel's q-tile size: ISA, dtype, head dim, heads, KV-cache dtype, split-KV."""
     from vllm import envs
