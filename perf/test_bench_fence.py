@@ -78,7 +78,7 @@ def _bench(benchmark, facades, pool, shape: str, unit: int, label: str) -> None:
     step_s = run(_calibrate(fs["retire"], unit))
     rng = random.Random(unit)
     paired = Paired(ARMS)
-    rounds = 3 if unit >= 8192 else 4
+    rounds = 5 if unit >= 8192 else 4
     slicing = run(fs["retire"].backend.worker("retire_slicing"))[0]
 
     def target(i):
