@@ -22,17 +22,17 @@ SP_NEW = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, logprobs=
 LANDING = {"early": 1, "middle": 4, "late": 7}
 
 
-async def land(h, scope, *, unit, layer, prompt, revised, sp_new=SP_NEW):
+async def land(h, scope, *, unit, layer, prompt, revised, sp_new=SP_NEW, posted_within: float = 60.0):
     """Run `prompt` with steps of `unit` tokens; during its second step, at `layer`, SUPERSEDE with `revised`."""
     eng = h.retire
     await eng.backend.sched("set_step_tokens", {"tokens": unit})
     await eng.submit(scope, prompt, SP_OLD)
     old = asyncio.ensure_future(collect(eng, scope, 0))
     await wait_engine(eng, scope, frontier=unit)  # the first step is done; the second is about to run
-    async with LandInStep(eng, layer) as barrier:
+    async with LandInStep(eng, layer, eng.internal_id(scope, 0)) as barrier:
         await barrier.paused()
         task = asyncio.ensure_future(eng.supersede(scope, 0, revised, sp_new))
-        await barrier.posted(eng.internal_id(scope, 0))
+        await barrier.posted(eng.internal_id(scope, 0), timeout=posted_within)
     tr = await task
     new = await collect(eng, scope, 1)
     return tr, new, await old
@@ -60,6 +60,29 @@ def test_revision_inside_a_long_prefill_step(long8k, unit, landing):
     assert tr.inherited_tokens == (unit // 2 + 100) // 32 * 32 <= r.frontier
     assert old.revoked and old.tokens == () and h.retire.stats()["obsolete_tokens_published"] == 0
     assert_logprobs_close(subject=new, oracle=oracle, subject_name="successor after a cut",
+                          oracle_name="clean_prefix_run")
+
+
+@pytest.mark.timeout(300)
+def test_long_scope_name_is_cut_at_a_safe_point(long8k):
+    """The same landing as `test_revision_inside_a_long_prefill_step` (2048-token steps, layer 4, the running chunk
+    obsolete) for a scope named with 1,000 characters: the step must be cut at the safe point, exactly as for a short
+    name (which that test is the control of)."""
+    h, unit, layer = long8k, 2048, 4
+    scope = "S" * 1000
+    prompt = repo_prompt(2 * unit, seed=4242)
+    revised = revise(prompt, unit // 2 + 100, 2 * unit - 300, seed=4242)
+
+    async def go():
+        tr, new, old = await land(h, scope, unit=unit, layer=layer, prompt=prompt, revised=revised,
+                                  posted_within=15.0)
+        return tr, new, old, await h.oracle.clean_prefix_run(revised[: tr.inherited_tokens], revised, SP_NEW)
+
+    tr, new, old, oracle = h.run(go())
+    (r,) = tr.receipts
+    assert r.path == "safe-point" and r.detail["layer"] == layer and r.detail["cut"], r
+    assert old.revoked and old.tokens == ()
+    assert_logprobs_close(subject=new, oracle=oracle, subject_name="successor of a long-named scope",
                           oracle_name="clean_prefix_run")
 
 
@@ -111,7 +134,7 @@ def test_negative_control_without_closure_the_corrupted_reuse_is_caught(long8k):
         tr, again, oracle = h.run(_closure_case(h, closure=False, seed=98))
     finally:
         # heal: drop every cached hash so the poisoned blocks cannot serve later tests
-        assert h.run(h.retire.backend.llm.reset_prefix_cache())
+        assert h.run(h.retire.backend.reset_prefix_cache())
     (r,) = tr.receipts
     assert r.path == "safe-point"
     v = compare_logprobs_close(subject=again, oracle=oracle, subject_name="fresh request (closure off)",
@@ -223,7 +246,7 @@ def test_negative_control_innocent_rollback_off_the_bystander_is_caught(long8k):
         tr, old, b_run, b_prompt = h.run(_prefill_bystander(h, innocents=False, b_len=3000, a_tail=2000, layer=0,
                                                               seed=71))
     finally:
-        assert h.run(h.retire.backend.llm.reset_prefix_cache())  # heal: B's unwritten blocks are hashed
+        assert h.run(h.retire.backend.reset_prefix_cache())  # heal: B's unwritten blocks are hashed
     assert tr.receipts[0].path == "safe-point"
     v = compare_logprobs_close(subject=b_run, oracle=h.run(h.oracle.clean_run(b_prompt, SP_B)),
                                subject_name="prefill bystander (innocent rollback off)", oracle_name="clean_run")

@@ -113,12 +113,14 @@ def _bench(benchmark, facades, pool, shape: str, unit: int, label: str) -> None:
 
 
 @pytest.mark.bench
+@pytest.mark.timeout(1800)  # the 16K unit prefills 32K-token prompts on the long model (several s per step)
 @pytest.mark.parametrize("unit", [2048, 4096, 8192, 16384])
 def test_bench_fence_latency_by_prefill_unit(benchmark, facades, pool, unit):
     _bench(benchmark, facades, pool, "long-16k", unit, "long (512 x 8 layers)")
 
 
 @pytest.mark.bench
+@pytest.mark.timeout(1800)  # 32K-token prompts on the 24-layer model
 def test_bench_fence_latency_realistic_depth(benchmark, facades, pool):
     """The same benchmark at 16K on a model of realistic depth (`deep`: 512 x 24 layers)."""
     _bench(benchmark, facades, pool, "deep-16k", 16384, "deep (512 x 24 layers)")

@@ -30,7 +30,6 @@ from oracles import collect, compare_logprobs_close
 from perf.common import Paired, summary
 from perf.test_bench_fence import _calibrate
 from retire.barriers import LandInStep, wait_engine
-from retire.demo import reset_prefix_cache
 
 pytestmark = pytest.mark.bench
 
@@ -90,7 +89,7 @@ async def _trial(eng, oracle, kind: str, step_s: float, frac: float, tag: str) -
 def test_bench_fence_in_a_mixed_step(benchmark, facades, pool, kind):
     fs, oracle = facades("long-8k", *ARMS)
     run = pool.runner.run
-    run(reset_prefix_cache(fs["retire"]))  # the calibration prompt is the same for both bystander kinds
+    run(fs["retire"].backend.reset_prefix_cache())  # the calibration prompt is the same for both bystander kinds
     step_s = run(_calibrate(fs["retire"], UNIT))
     rng = random.Random(4096 + len(kind))
     paired = Paired(ARMS)

@@ -141,7 +141,7 @@ class SafePoints:
             if a["decided"]:
                 return None
             t = time.monotonic()
-            self.mb.worker_pause_point(i)
+            self.mb.worker_pause_point(i, a["keys"].values())
             a["paused"] += time.monotonic() - t
             self._point(a, i, 0.0, "layer")
             return None
