@@ -11,6 +11,7 @@ Each trial's (cold) successor is checked against clean_run (logprob-closeness ru
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 
@@ -26,6 +27,7 @@ from retire.barriers import LandInStep
 SP_OLD = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
 SP_NEW = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, logprobs=5)
 ARMS = ("native-cold", "retire")
+ROUNDS = int(os.environ.get("RETIRE_FENCE_ROUNDS", "0"))  # paired rounds per case (0: 4 below 8K, 5 from 8K)
 
 
 class Trial:
@@ -78,7 +80,7 @@ def _bench(benchmark, facades, pool, shape: str, unit: int, label: str) -> None:
     step_s = run(_calibrate(fs["retire"], unit))
     rng = random.Random(unit)
     paired = Paired(ARMS)
-    rounds = 5 if unit >= 8192 else 4
+    rounds = ROUNDS or (5 if unit >= 8192 else 4)
     slicing = run(fs["retire"].backend.worker("retire_slicing"))[0]
 
     def target(i):

@@ -19,6 +19,7 @@ all trials is reported (`bystanders_equal_to_oracle`). Nothing is asserted about
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 from collections import Counter
 
@@ -38,6 +39,7 @@ SP_NEW = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, logprobs=5
 SP_B = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=5)
 ARMS = ("native-cold", "retire")
 UNIT = 4096
+ROUNDS = int(os.environ.get("RETIRE_FENCE_ROUNDS", "6"))  # paired rounds per bystander kind
 
 
 class Trial:
@@ -102,7 +104,7 @@ def test_bench_fence_in_a_mixed_step(benchmark, facades, pool, kind):
         paired.add(i, trials)
 
     try:
-        benchmark.pedantic(target, setup=paired.setup, rounds=6, iterations=1)
+        benchmark.pedantic(target, setup=paired.setup, rounds=ROUNDS, iterations=1)
     finally:
         run(fs["retire"].backend.sched("set_step_tokens", {"tokens": None}))
     assert paired.all, "no round ran"

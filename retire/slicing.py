@@ -9,7 +9,8 @@ Invariants:
   count from its first row (retire/adapter: `parse_schedule`/`build_schedule`). Every query row is therefore computed
   in the same tile, with the same KV tiling and the same reduction order, as in the unsliced step, so the attention
   output, the logits and every later KV write are bit-identical to the unsliced step's
-  (conformance/test_sliced_attention.py proves it with `==` on logits and KV against an unsliced run).
+  (conformance/test_safe_points.py::test_sliced_attention_step_is_bit_identical_to_the_unsliced_step proves it
+  with `==` on logits and KV against an unsliced run; test_safepoint_model.py checks the kernel split itself).
 - KV writes are not split: vLLM writes a layer's KV for every row before its attention (`do_kv_cache_update`);
   slicing splits only the attention that reads it. Split-KV work items (decode rows) and their reductions run whole,
   in the first slice.
@@ -111,7 +112,8 @@ class AttentionSlicer:
         v = dict(info, dtype=str(dtype))
         tiles = q_tile_candidates(info, torch.empty(0, dtype=dtype).element_size())
         if not tiles:
-            return dict(v, exact=False, reason=f"q-tile size of ISA {info['isa']!r} unknown: layer-boundary safe points")
+            return dict(v, exact=False,
+                        reason=f"q-tile size of ISA {info['isa']!r} unknown: layer-boundary safe points")
         bad = self.wk.metadata_layout_ok(info, dtype, torch.get_num_threads())
         if bad:
             return dict(v, exact=False, reason=f"scheduler-metadata layout: {bad}")
