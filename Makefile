@@ -26,7 +26,7 @@ bench: models
 	$(PY) -m pytest perf -m bench -q -rs --benchmark-json=results/bench.json
 
 explore: models
-	$(PY) -m conformance.explore --schedules 10000 --workers 2
+	$(PY) -m conformance.explore --schedules 10000 --workers 2 --json results/explore-10k.json
 
 # the real-engine state machine at 1,000 examples; its last line: schedules, supersedes, faults, violations, wall time
 soak: models
