@@ -142,34 +142,130 @@ def test_negative_control_without_closure_the_corrupted_reuse_is_caught(long8k):
     assert v.valid is False, "half-written blocks reused through the prefix cache must be caught: " + v.detail
 
 
-def test_mixed_step_is_not_cut_and_the_cotenant_is_unchanged(long8k):
-    h, unit = long8k, 4096
+SP_B = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=5)
+
+
+async def _decode_bystander_cut(h, tenant_b: str, unit: int = 4096):
+    """B (scope "b", tenant `tenant_b`) decodes while A (tenant "A") prefills 2U tokens in steps of U: A's first step
+    also carries B's decode token. At layer 1 of that step A is revised (LCP 500: almost all of A's chunk is
+    obsolete). The hold is armed before A is submitted, so it lands in A's first step (B's decode steps are too
+    short to be armed)."""
+    eng = h.retire
     b_prompt = tokens(300, 4242)
-    sp_b = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True, logprobs=5)
-
-    async def go():
-        eng = h.retire
-        await eng.backend.sched("set_step_tokens", {"tokens": unit})
-        await eng.submit("b", b_prompt, sp_b, tenant="B")
-        b_task = asyncio.ensure_future(collect(eng, "b", 0, "B"))
-        await wait_engine(eng, "b", out_tokens=2, tenant="B")
-        cuts = eng.backend.mailbox.count("cuts")
-        prompt = repo_prompt(2 * unit, seed=8)
+    await eng.backend.sched("set_step_tokens", {"tokens": unit})
+    await eng.submit("b", b_prompt, SP_B, tenant=tenant_b)
+    b_task = asyncio.ensure_future(collect(eng, "b", 0, tenant_b))
+    await wait_engine(eng, "b", out_tokens=2, tenant=tenant_b)
+    cuts = eng.backend.mailbox.count("cuts")
+    prompt = repo_prompt(2 * unit, seed=8 if tenant_b == "A" else 9)  # prompts no earlier case cached
+    async with LandInStep(eng, 1) as barrier:
         await eng.submit("a", prompt, SP_OLD, tenant="A")
-        await wait_engine(eng, "a", frontier=unit - 200, tenant="A")  # one mixed step of A done
-        async with LandInStep(eng, 4, eng.internal_id("a", 0, tenant="A")) as barrier:
-            await barrier.paused()
-            task = asyncio.ensure_future(eng.supersede("a", 0, revise(prompt, 500, 3000, 8), SP_NEW, tenant="A"))
-            await barrier.posted(eng.internal_id("a", 0, tenant="A"))
-        tr = await task
-        await collect(eng, "a", 1, "A")
-        return tr, await b_task, eng.backend.mailbox.count("cuts") - cuts
+        old = asyncio.ensure_future(collect(eng, "a", 0, "A"))
+        await barrier.paused()
+        task = asyncio.ensure_future(eng.supersede("a", 0, _revised(prompt), SP_NEW, tenant="A"))
+        await barrier.posted(eng.internal_id("a", 0, tenant="A"))
+    tr = await task
+    new = await collect(eng, "a", 1, "A")
+    return tr, new, await old, await b_task, b_prompt, eng.backend.mailbox.count("cuts") - cuts, prompt
 
-    tr, b_run, new_cuts = h.run(go())
+
+def _revised(prompt):
+    return revise(prompt, 500, 3000, 8)
+
+
+@pytest.mark.parametrize("tenant_b", ["A", "B"], ids=["same-tenant", "other-tenant"])
+def test_mixed_step_is_cut_and_the_decode_bystander_equals_its_oracle(long8k, tenant_b):
+    """(a) one decode bystander of the same tenant, (c) one of another tenant: the obsolete remainder (7/8 of a
+    4095-token chunk) outweighs one decode token, so the step is cut; the bystander is rolled back one position,
+    re-runs it next step, and its whole output (each token published once) equals its oracle's."""
+    h = long8k
+    tr, new, old, b_run, b_prompt, new_cuts, prompt = h.run(_decode_bystander_cut(h, tenant_b))
     (r,) = tr.receipts
-    assert r.path == "step-boundary:mixed" and new_cuts == 0, r
-    oracle = h.run(h.oracle.clean_run(b_prompt, sp_b))
-    assert_logprobs_close(subject=b_run, oracle=oracle, subject_name="co-tenant B", oracle_name="clean_run")
+    d = r.detail
+    assert r.path == "safe-point" and d["cut"] and d["innocents"] == 1 and d["innocent_tokens"] == 1, r
+    assert r.frontier == 0 and d["layer"] == 1
+    assert d["obsolete_remainder"] > d["innocent_lost_work"] and new_cuts == 1
+    assert old.tokens == () and h.retire.stats()["obsolete_tokens_published"] == 0
+    assert len(b_run.tokens) == SP_B.max_tokens  # no token lost or published twice
+    oracle_b = h.run(h.oracle.clean_run(b_prompt, SP_B))
+    assert_logprobs_close(subject=b_run, oracle=oracle_b, subject_name="decode bystander", oracle_name="clean_run")
+    revised = _revised(prompt)
+    oracle = h.run(h.oracle.clean_prefix_run(revised[: tr.inherited_tokens], revised, SP_NEW))
+    assert_logprobs_close(subject=new, oracle=oracle, subject_name="successor", oracle_name="clean_prefix_run")
+
+
+async def _prefill_bystander(h, *, innocents: bool, b_len: int, a_tail: int, layer: int, seed: int):
+    """A (prompt U + a_tail) runs its first U-token step alone; B (b_len tokens) is admitted meanwhile, so A's second
+    step is A's tail + B's first chunk. A is revised at `layer` of that step (LCP 300: A's chunk is obsolete)."""
+    eng, unit = h.retire, 4096
+    await eng.backend.sched("set_step_tokens", {"tokens": unit})
+    if not innocents:
+        await eng.backend.sched("switches", {"innocents": False})
+    prompt, b_prompt = repo_prompt(unit + a_tail, seed=seed), tokens(b_len, seed + 1)
+    land = LandInStep(eng, 1)
+    try:
+        await land.__aenter__()                         # armed before A exists: it holds A's first step
+        await eng.submit("a", prompt, SP_OLD)
+        old = asyncio.ensure_future(collect(eng, "a", 0))
+        await land.paused()                             # A's first step, alone
+        await eng.submit("pb", b_prompt, SP_B)          # queued in EngineCore; admitted after this step
+        b_task = asyncio.ensure_future(collect(eng, "pb"))
+        await land.next_step(0)                         # A's tail + B's first chunk, layer 0
+        if layer:
+            mb = eng.backend.mailbox
+            await mb.wait_pause_count(mb.move_pause(layer))  # the same step, at `layer`
+        task = asyncio.ensure_future(eng.supersede("a", 0, revise(prompt, 300, 2000, seed), SP_NEW))
+        await land.posted(eng.internal_id("a", 0))
+    finally:
+        await land.__aexit__(None, None, None)
+    tr = await task
+    await collect(eng, "a", 1)
+    await eng.backend.sched("switches", {"innocents": True})
+    return tr, await old, await b_task, b_prompt
+
+
+def test_mixed_step_is_cut_and_the_prefill_bystander_equals_its_oracle(long8k):
+    """(b) one prefill bystander: B's 2096-token first chunk shares the step with A's obsolete 2000-token tail; at
+    the first layer nothing of B is lost yet, so the step is cut, B re-runs its chunk next step and equals its
+    oracle."""
+    h = long8k
+    tr, old, b_run, b_prompt = h.run(_prefill_bystander(h, innocents=True, b_len=3000, a_tail=2000, layer=0,
+                                                          seed=61))
+    (r,) = tr.receipts
+    assert r.path == "safe-point" and r.detail["innocents"] == 1 and r.detail["innocent_tokens"] == 2096, r
+    assert old.tokens == () and len(b_run.tokens) == SP_B.max_tokens
+    oracle_b = h.run(h.oracle.clean_run(b_prompt, SP_B))
+    assert_logprobs_close(subject=b_run, oracle=oracle_b, subject_name="prefill bystander", oracle_name="clean_run")
+
+
+def test_negative_control_innocent_rollback_off_the_bystander_is_caught(long8k):
+    """The same cut with the innocents' writer closure switched off: B keeps counting its cut chunk (whose KV the
+    step never wrote) as computed, and its output is caught against the oracle."""
+    h = long8k
+    try:
+        tr, old, b_run, b_prompt = h.run(_prefill_bystander(h, innocents=False, b_len=3000, a_tail=2000, layer=0,
+                                                              seed=71))
+    finally:
+        assert h.run(h.retire.backend.reset_prefix_cache())  # heal: B's unwritten blocks are hashed
+    assert tr.receipts[0].path == "safe-point"
+    v = compare_logprobs_close(subject=b_run, oracle=h.run(h.oracle.clean_run(b_prompt, SP_B)),
+                               subject_name="prefill bystander (innocent rollback off)", oracle_name="clean_run")
+    assert v.valid is False, "an innocent left counting a cut chunk as computed must be caught: " + v.detail
+
+
+def test_mixed_step_that_does_not_pay_is_let_finish(long8k):
+    """A's obsolete tail (600 tokens) beside B's 3496-token chunk: past the first layer the innocents' lost work
+    outweighs the obsolete remainder, so the step finishes (path step-boundary:mixed) and nothing is cut."""
+    h = long8k
+    cuts = h.retire.backend.mailbox.count("cuts")
+    tr, old, b_run, b_prompt = h.run(_prefill_bystander(h, innocents=True, b_len=5000, a_tail=600, layer=4,
+                                                          seed=81))
+    (r,) = tr.receipts
+    assert r.path == "step-boundary:mixed" and not r.detail["cut"] and r.detail["layer"] == 4, r
+    assert r.detail["innocent_lost_work"] > r.detail["obsolete_remainder"]
+    assert h.retire.backend.mailbox.count("cuts") == cuts and old.tokens == ()
+    oracle_b = h.run(h.oracle.clean_run(b_prompt, SP_B))
+    assert_logprobs_close(subject=b_run, oracle=oracle_b, subject_name="prefill bystander", oracle_name="clean_run")
 
 
 def test_engine_health_after_a_hundred_cut_short_steps(long8k):
@@ -195,3 +291,42 @@ def test_engine_health_after_a_hundred_cut_short_steps(long8k):
     assert audit["valid"], audit
     assert_same_tokens(subject=run, oracle=h.run(h.oracle.clean_run(prompt, sp)),
                        subject_name="request after 100 cuts", oracle_name="clean_run")
+
+
+async def _one_long_prefill(eng, prompt, sliced: bool, salt: str):
+    """Run `prompt` (first step 8192 tokens: armed, sliced when `sliced`) and return its published run, the KV digests
+    of its prompt's full blocks, the digests of every logits tensor the model computed, and the slicer's report."""
+    await eng.backend.worker("retire_slicing", sliced)
+    before = (await eng.backend.worker("retire_slicing"))[0]["sliced_calls"]
+    await eng.backend.worker("retire_logits_probe", True)
+    scope = f"slice-{salt}"
+    sp = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True, logprobs=5)
+    await eng.submit(scope, prompt, sp, cache_salt=salt)  # salted: no prefix-cache reuse between the two runs
+    task = asyncio.ensure_future(collect(eng, scope))
+    await wait_engine(eng, scope, out_tokens=1)
+    (table, *_) = await eng.backend.sched("block_table", {"req_id": eng.internal_id(scope)})
+    kv = (await eng.backend.worker("retire_block_digests", table[: len(prompt) // 32]))[0]
+    run = await task
+    logits = (await eng.backend.worker("retire_logits_probe", False))[0]
+    info = (await eng.backend.worker("retire_slicing", True))[0]
+    return run, kv, logits, info["sliced_calls"] - before, info
+
+
+def test_sliced_attention_step_is_bit_identical_to_the_unsliced_step(long8k):
+    """An 8192-token step with its attention split into query slices (a safe point between every two) against the
+    same step unsliced, on one engine: every logits tensor, every KV block and every published token and logprob
+    are equal (`==`)."""
+    h = long8k
+    prompt = repo_prompt(8300, seed=404)
+
+    async def go():
+        await h.retire.backend.sched("set_step_tokens", {"tokens": 8192})
+        return (await _one_long_prefill(h.retire, prompt, True, "sliced"),
+                await _one_long_prefill(h.retire, prompt, False, "unsliced"))
+
+    (run_s, kv_s, lg_s, calls_s, info), (run_u, kv_u, lg_u, calls_u, _) = h.run(go())
+    assert info["verdict"]["exact"], info["verdict"]
+    assert calls_s == 8 and calls_u == 0, (calls_s, calls_u)  # every layer's attention sliced in the 8192 step only
+    assert len(kv_s) == 8300 // 32 and kv_s == kv_u
+    assert len(lg_s) == len(lg_u) >= 2 and lg_s == lg_u
+    assert run_s.tokens == run_u.tokens and run_s.logprobs == run_u.logprobs

@@ -1,23 +1,100 @@
-"""Pure checks of the safe-point cost model and the mailbox (no engine)."""
+"""Pure checks of the safe-point cost model, the attention slice planner and the mailbox (no engine)."""
+import pytest
+
 from retire.mailbox import Mailbox, create_path, key
 from retire.safepoints import decide
+from retire.slicing import plan
 
 
 def test_obsolete_chunk_is_cut_and_shared_chunk_finishes():
-    # chunk [4096, 8192), 8 layers, 4 done in 2 s: 2 s remaining
-    cut = decide(chunk=(4096, 4096), lcp=1000, new_len=8000, block=32, elapsed=2.0, layers_done=4, layers=8)
+    # chunk [4096, 8192), half the step done in 2 s: 2 s remaining
+    cut = decide(chunk=(4096, 4096), lcp=1000, new_len=8000, block=32, elapsed=2.0, progress=0.5)
     assert cut["cut"] and cut["predicted_successor_ready_cut"] < cut["predicted_successor_ready_finish"]
-    fin = decide(chunk=(4096, 4096), lcp=8100, new_len=8200, block=32, elapsed=2.0, layers_done=4, layers=8)
+    fin = decide(chunk=(4096, 4096), lcp=8100, new_len=8200, block=32, elapsed=2.0, progress=0.5)
     assert not fin["cut"]  # the whole chunk is shared: finishing gives the earlier successor
 
 
 def test_late_in_a_mostly_useful_step_finishing_wins():
-    # 7 of 8 layers done and 90% of the chunk is shared: recomputing it costs more than the last layer
-    d = decide(chunk=(0, 4096), lcp=3700, new_len=4200, block=32, elapsed=7.0, layers_done=7, layers=8)
+    # 7/8 of the step done and 90% of the chunk is shared: recomputing it costs more than the rest of the step
+    d = decide(chunk=(0, 4096), lcp=3700, new_len=4200, block=32, elapsed=7.0, progress=7 / 8)
     assert not d["cut"]
     # early in the same step, cutting wins
-    d = decide(chunk=(0, 4096), lcp=600, new_len=4200, block=32, elapsed=1.0, layers_done=1, layers=8)
+    d = decide(chunk=(0, 4096), lcp=600, new_len=4200, block=32, elapsed=1.0, progress=1 / 8)
     assert d["cut"]
+
+
+def test_the_first_safe_point_keeps_the_useful_work_rule():
+    """Before any layer ran (progress 0, no measured time) a wholly shared chunk still finishes, an obsolete one is
+    cut; the decision does not depend on the unknown time scale."""
+    shared = decide(chunk=(0, 2048), lcp=2100, new_len=2300, block=32, elapsed=0.0, progress=0.0)
+    assert not shared["cut"] and shared["units"] == "step"
+    assert decide(chunk=(0, 2048), lcp=100, new_len=2300, block=32, elapsed=0.0, progress=0.0)["cut"]
+    scaled = decide(chunk=(0, 2048), lcp=100, new_len=2300, block=32, elapsed=0.0, progress=0.0,
+                    per_token_cost=1e-3)
+    assert scaled["cut"] and scaled["units"] == "s" and scaled["predicted_successor_ready_finish"] > 2.0
+
+
+@pytest.mark.parametrize("innocent,progress,cut", [
+    (1, 0.25, True),       # a decode bystander loses one token of work: cut
+    (2000, 0.25, True),    # obsolete remainder 0.75 * 2096/4096 of the step > lost 0.25 * 2000/4096 + extra
+    (2000, 0.55, False),   # later in the same step the innocents' lost work outweighs it: finish
+    (3500, 0.30, False),   # a small obsolete chunk beside a large innocent one, a third in: finish
+])
+def test_mixed_step_cut_pays_only_when_the_obsolete_remainder_outweighs_the_innocents(innocent, progress, cut):
+    n = 4096 - innocent  # the revoked chunk; LCP before it, so all of it is obsolete
+    d = decide(chunk=(4096, n), lcp=500, new_len=4000, block=32, elapsed=progress * 4.0, progress=progress,
+               step_tokens=4096, innocent_tokens=innocent)
+    assert d["cut"] is cut, d
+    # the receipt's terms: cut iff obsolete remainder > innocents' lost work (no extra recompute: LCP before chunk)
+    assert (d["obsolete_remainder"] > d["innocent_lost_work"]) is cut
+
+
+def _item(r, qs, qn, hi):
+    return [r, qs, qn, 0, hi, 0, -1, 0]
+
+
+def test_slice_plan_cuts_items_only_at_tile_multiples_and_keeps_split_items_whole():
+    # two threads: thread 0 rows [0, 2896) of request 0, thread 1 rows [2896, 4096) + request 1's decode row (kv split)
+    parsed = {"cu": [0, 1, 3], "items": [_item(0, 0, 2896, 4096), _item(0, 2896, 1200, 4096),
+                                         [1, 0, 1, 0, 512, 512, 0, 0]]}
+    slices = plan(parsed, [0, 4096, 4097], [4096, 1000], tile=648, n_slices=4)
+    assert 2 <= len(slices) <= 4
+    rows = {0: [], 1: []}
+    for j, s in enumerate(slices):
+        for t, items in enumerate(s):
+            for it in items:
+                if it[6] >= 0:
+                    assert j == 0 and it == [1, 0, 1, 0, 512, 512, 0, 0]  # split item whole, first slice
+                    continue
+                start = 0 if t == 0 else 2896
+                assert (it[1] - start) % 648 == 0, it  # every cut at a tile multiple from the item's start
+                rows[t].append((it[1], it[1] + it[2]))
+    for t, (lo, hi) in {0: (0, 2896), 1: (2896, 4096)}.items():  # each thread's rows exactly once, in order
+        r = sorted(rows[t])
+        assert r[0][0] == lo and r[-1][1] == hi and all(a[1] == b[0] for a, b in zip(r, r[1:]))
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(8, 4), (4, 2)])  # the `long` and `unit` models' attention shapes
+def test_sliced_kernel_is_bit_identical_and_a_misaligned_split_is_not(heads, kv_heads):
+    """The CPU attention kernel of this build, on random data: the step's work items cut at the q-tile size give the
+    unsliced output exactly (`torch.equal`); cut 8 rows off the tile (negative control) they do not."""
+    import torch
+
+    from retire import adapter
+    from retire.slicing import q_tile_candidates, selfcheck
+
+    wk = adapter.worker()
+    dtype = torch.bfloat16
+    info = {"isa": wk.kernel_isa(dtype, 32, 64), "head_dim": 64, "num_heads": heads, "num_kv_heads": kv_heads,
+            "kv_cache_dtype": "auto", "sliding_window": -1, "split_kv": True}
+    assert wk.metadata_layout_ok(info, dtype, torch.get_num_threads()) is None
+    tiles = q_tile_candidates(info, 2)
+    good = next((t for t in tiles if selfcheck(wk, info, dtype, t)["exact"]), None)
+    assert good is not None, f"no candidate tile gives a bit-identical split on {info['isa']}: {tiles}"
+    r = selfcheck(wk, info, dtype, good)
+    assert r["exact"] and r["max_abs_diff"] == 0.0 and r["slices"] >= 3, r
+    bad = selfcheck(wk, info, dtype, good - 8)
+    assert not bad["exact"] and bad["max_abs_diff"] > 0, bad
 
 
 def test_mailbox_round_trip_and_clear():

@@ -11,6 +11,7 @@ Each trial's (cold) successor is checked against clean_run (logprob-closeness ru
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 
@@ -26,6 +27,7 @@ from retire.barriers import LandInStep
 SP_OLD = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
 SP_NEW = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, logprobs=5)
 ARMS = ("native-cold", "retire")
+ROUNDS = int(os.environ.get("RETIRE_FENCE_ROUNDS", "0"))  # paired rounds per case (0: 4 below 8K, 5 from 8K)
 
 
 class Trial:
@@ -68,25 +70,24 @@ async def _trial(eng, oracle, unit: int, step_s: float, frac: float, tag: str) -
     ok, verdict = v.valid is True, v.detail
     if eng.policy == "retire" and path != "safe-point":  # the revision arrived after the armed step had ended
         ok, verdict = False, f"landed outside the armed step (path {path}); not a revision inside a step"
-    return Trial(ok=ok, verdict=verdict, fence=tr.fence_latency, ttft=tr.successor_ttft, path=path, frac=frac)
+    at = tr.receipts[0].detail.get("at") if tr.receipts else None
+    return Trial(ok=ok, verdict=verdict, fence=tr.fence_latency, ttft=tr.successor_ttft, path=path, frac=frac, at=at)
 
 
-@pytest.mark.bench
-@pytest.mark.timeout(1800)  # the 16K unit prefills 32K-token prompts on the long model (several s per step)
-@pytest.mark.parametrize("unit", [2048, 4096, 8192, 16384])
-def test_bench_fence_latency_by_prefill_unit(benchmark, facades, pool, unit):
-    fs, oracle = facades("long-16k", *ARMS)
+def _bench(benchmark, facades, pool, shape: str, unit: int, label: str) -> None:
+    fs, oracle = facades(shape, *ARMS)
     run = pool.runner.run
     step_s = run(_calibrate(fs["retire"], unit))
     rng = random.Random(unit)
     paired = Paired(ARMS)
-    rounds = 3 if unit >= 8192 else 4
+    rounds = ROUNDS or (5 if unit >= 8192 else 4)
+    slicing = run(fs["retire"].backend.worker("retire_slicing"))[0]
 
     def target(i):
         frac = rng.uniform(0.05, 0.9)
         trials = {}
         for arm in paired.order(i):
-            trials[arm] = run(_trial(fs[arm], oracle, unit, step_s, frac, f"{unit}-{i}-{arm}"))
+            trials[arm] = run(_trial(fs[arm], oracle, unit, step_s, frac, f"{shape}-{unit}-{i}-{arm}"))
         paired.add(i, trials)
 
     benchmark.pedantic(target, setup=paired.setup, rounds=rounds, iterations=1)
@@ -95,8 +96,12 @@ def test_bench_fence_latency_by_prefill_unit(benchmark, facades, pool, unit):
     ratios = paired.ratios("native-cold", "retire", lambda t: t.fence)
     ttft_ratio = paired.ratios("native-cold", "retire", lambda t: t.ttft)
     benchmark.extra_info.update({
-        "paper_metric": "FENCE latency vs prefill unit (obsolete tail)",
+        "paper_metric": "FENCE latency vs prefill unit (obsolete tail)", "model": label,
         "prefill_unit_tokens": unit, "calibrated_step_s": round(step_s, 3),
+        "safe_points": "layer + MLP + attention slices" if slicing.get("verdict", {}).get("exact") and
+        unit >= slicing.get("min_tokens", 1 << 30) else "layer + MLP",
+        "slicing_verdict": slicing.get("verdict"),
+        "retire_cut_at": [r["retire"].at for r in paired.rounds],
         "fence_latency_native_s": summary(fence["native-cold"]), "fence_latency_retire_s": summary(fence["retire"]),
         "fence_speedup_native_over_retire": summary(ratios, 2),
         "interruption_to_successor_native_s": summary(paired.values("native-cold", lambda t: t.ttft)),
@@ -105,5 +110,19 @@ def test_bench_fence_latency_by_prefill_unit(benchmark, facades, pool, unit):
         "landing_fractions": [round(r["retire"].frac, 3) for r in paired.rounds],
         **paired.admission(),
     })
-    print(f"\n[fence] unit={unit}: native {summary(fence['native-cold'])['median']} s, "
+    print(f"\n[fence] {label} unit={unit}: native {summary(fence['native-cold'])['median']} s, "
           f"retire {summary(fence['retire'])['median']} s, ratio {summary(ratios, 2)}")
+
+
+@pytest.mark.bench
+@pytest.mark.timeout(1800)  # the 16K unit prefills 32K-token prompts on the long model (several s per step)
+@pytest.mark.parametrize("unit", [2048, 4096, 8192, 16384])
+def test_bench_fence_latency_by_prefill_unit(benchmark, facades, pool, unit):
+    _bench(benchmark, facades, pool, "long-16k", unit, "long (512 x 8 layers)")
+
+
+@pytest.mark.bench
+@pytest.mark.timeout(1800)  # 32K-token prompts on the 24-layer model
+def test_bench_fence_latency_realistic_depth(benchmark, facades, pool):
+    """The same benchmark at 16K on a model of realistic depth (`deep`: 512 x 24 layers)."""
+    _bench(benchmark, facades, pool, "deep-16k", 16384, "deep (512 x 24 layers)")

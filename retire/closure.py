@@ -1,15 +1,23 @@
 """Writer closure after a step cut short at a safe point (engine side; speaks the KV port).
 
-Invariant: when a worker reports a cut step, every request the step scheduled returns to the start of its chunk
-(its frontier is the last COMPLETED write), and the chunk's blocks, which vLLM hashed into the prefix cache at
-schedule time though they are only partly written, lose their hashes. So no half-written block is reachable through
-the prefix cache or through ALIGN, and a re-run of the chunk rewrites it from the start. The decision that caused the
-cut is kept per request (`log`) for the FENCE receipt. `enabled=False` (a test switch) skips the closure: the
-negative control of the writer-closure guarantee.
+Invariants (applied when the scheduler commits the cut step's output, which sampled nothing for any request):
+- EVERY request the step scheduled, the revoked ones and the innocent ones alike, returns to the start of its chunk:
+  its frontier is its last COMPLETED write, so the next step re-runs the chunk from its start and samples the token
+  the cut step did not (a decode bystander re-runs its one position; nothing was published, so nothing is published
+  twice).
+- The chunks' blocks, which vLLM hashed into the prefix cache at schedule time though they are only partly written,
+  lose their hashes: no half-written block is reachable through the prefix cache or through ALIGN.
+- A running request whose COMPUTED prefix holds one of those blocks as a full block (it reused it through the prefix
+  cache while the cut step was writing it) is preempted by vLLM's own preemption and recomputes: rolling it back
+  would leave it reading a half-written block (and rolling back into a shared block broke vLLM's block caching).
+- The decision that caused the cut is kept per revoked request (`log`) for its FENCE receipt.
+- Test switches: `enabled=False` skips the whole closure (negative control of the writer-closure guarantee);
+  `innocents=False` closes only the revoked requests' writers (negative control of the mixed-cut guarantee: an
+  innocent is then left counting the cut chunk as computed).
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
 
 class WriterClosure:
@@ -18,23 +26,35 @@ class WriterClosure:
         self.log: OrderedDict[str, dict] = OrderedDict()
         self.max_log = max_log
         self.cut_steps = 0
+        self.counts: Counter = Counter()  # innocents rolled back, sharers preempted (reported by `stats`)
 
-    def close(self, cut: dict, t: float, enabled: bool = True) -> list[str]:
-        """Apply a cut {"chunks": {req_id: (start, n)}, "decision": {...}}. Returns the rolled-back request ids."""
+    def close(self, cut: dict, t: float, enabled: bool = True, innocents: bool = True) -> list[str]:
+        """Apply a cut {"chunks": {req_id: (start, n)}, "decision": {...}}. Returns the rolled-back request ids.
+        A decision without `req_ids` (a cut reported by a worker without revocation details) treats every chunk as
+        revoked."""
         self.cut_steps += 1
-        rolled = []
+        decision = cut.get("decision") or {}
+        revoked = set(decision.get("req_ids") or cut["chunks"])
+        rolled: list[str] = []
         evict: set[int] = set()
         for rid, (start, n) in cut["chunks"].items():
             if not n or not self.port.live(rid):
                 continue
-            if enabled:
+            innocent = rid not in revoked
+            if enabled and (innocents or not innocent):
                 evict.update(self.port.rollback(rid, start, start + n))
                 rolled.append(rid)
-            self.log[rid] = dict(cut.get("decision") or {}, closed_at=t, rolled_back_to=start)
-            while len(self.log) > self.max_log:
-                self.log.popitem(last=False)
+                self.counts["innocents_rolled_back" if innocent else "revoked_rolled_back"] += 1
+            if not innocent:
+                self.log[rid] = dict(decision, closed_at=t, rolled_back_to=start)
+                while len(self.log) > self.max_log:
+                    self.log.popitem(last=False)
         if evict:
             self.port.evict_hashes(evict)
+            if innocents:
+                for rid in self.port.sharers(evict):
+                    if self.port.preempt(rid):
+                        self.counts["sharers_preempted"] += 1
         return rolled
 
     def take(self, req_id: str | None) -> dict | None:

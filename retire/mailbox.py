@@ -23,7 +23,7 @@ from .shm import SharedFile, create_file
 SLOTS = 256
 ENTRY = struct.Struct("<QQqq16s")  # seq, live, lcp, new_len, key
 SLOT = ENTRY.size
-HDR = 64                         # control: pause_layer, paused, release, cuts, checks, pause_for (i64 each)
+HDR = 64                         # control: pause_layer, paused, release, cuts, checks, pause_for, pauses (i64 each)
 LOG = 1024                       # last safe-point decision, JSON, length-prefixed
 SIZE = HDR + SLOTS * SLOT + LOG
 ENV = "RETIRE_MAILBOX"
@@ -127,6 +127,24 @@ class Mailbox(SharedFile):
                 raise TimeoutError("worker never reached the armed safe point")
             await asyncio.sleep(0.001)  # polling a shared word; the barrier is the worker's state, not time
 
+    def move_pause(self, layer: int) -> int:
+        """From a pause at an earlier layer, hold the worker again at `layer` of the SAME step: arm the new layer,
+        then release (the worker reads the armed layer only at its next safe point). Returns the pause count to wait
+        past (`wait_pause_count`)."""
+        n = self._get(6)
+        self._set(0, layer + 1)
+        self._set(2, 1)
+        return n
+
+    async def wait_pause_count(self, above: int, timeout: float = 120.0) -> None:
+        """Barrier: return once the worker has paused more than `above` times and is held now."""
+        import asyncio
+        t0 = time.monotonic()
+        while not (self._get(6) > above and self.paused()):
+            if time.monotonic() - t0 > timeout:
+                raise TimeoutError("worker never reached the moved safe point")
+            await asyncio.sleep(0.001)  # polling a shared word; the barrier is the worker's state, not time
+
     def worker_pause_point(self, layer: int, step_keys=()) -> None:
         """Called by the worker at each safe point of a step running the requests whose mailbox keys are `step_keys`:
         blocks here while a pause is armed for this layer (and, if armed for one request, the step runs it). A step
@@ -137,6 +155,7 @@ class Mailbox(SharedFile):
         if want and want not in {_word(k) for k in step_keys}:
             return
         self._set(0, 0)
+        self._set(6, self._get(6) + 1)
         self._set(1, 1)
         while self._get(2) == 0:
             time.sleep(0.0005)

@@ -62,8 +62,10 @@ class KVPort(Protocol):
     def finish(self, req_id: str) -> bool: ...                 # abort + free (RECLAIM); False if not live
 
     # -- writer closure
-    def rollback(self, req_id: str, to_tokens: int) -> list[int]: ...   # returns the block ids past the new end
+    def rollback(self, req_id: str, to_tokens: int, end_tokens: int) -> list[int]: ...  # the cut chunk's blocks
     def evict_hashes(self, block_ids: Iterable[int]) -> None: ...
+    def sharers(self, block_ids: Iterable[int]) -> list[str]: ...  # running requests whose computed prefix holds one
+    def preempt(self, req_id: str) -> bool: ...                     # vLLM's own preemption (recompute)
 
     # -- audit
     def ref_counts(self) -> dict[int, int]: ...                 # non-null block id -> ref_cnt (non-zero only)

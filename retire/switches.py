@@ -17,7 +17,7 @@ from typing import Any
 
 from .types import ScopeKey
 
-ENGINE_FLAGS = ("gate", "closure")
+ENGINE_FLAGS = ("gate", "closure", "innocents")
 HOOKS = ("hold", "bump_generation", "refuse")
 
 
@@ -25,6 +25,7 @@ HOOKS = ("hold", "bump_generation", "refuse")
 class EngineSwitches:
     gate: bool = True       # gate (a): commit no output of a non-current version
     closure: bool = True    # writer closure after a cut step
+    innocents: bool = True  # ... including the innocent requests of a cut mixed step (rollback, sharer preemption)
     armed: dict[ScopeKey, dict] = field(default_factory=dict)  # scope -> one-shot hook for its next SUPERSEDE
 
     def set(self, **flags: bool) -> None:

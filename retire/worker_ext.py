@@ -127,4 +127,15 @@ class RetireWorkerExtension:
             sp.install(wrapper)
         sp.min_tokens = int(min_tokens)
         return {"active": sp.installed, "layers": len(sp.layers), "min_tokens": sp.min_tokens,
-                "reason": None if sp.installed else "compiled mode: step-boundary FENCE"}
+                "reason": None if sp.installed else "compiled mode: step-boundary FENCE",
+                "slicing": sp.slicer.verdict if sp.slicer is not None else None}
+
+    def retire_slicing(self, enabled: bool | None = None) -> dict:
+        """Sliced attention (retire/slicing.py): switch it on/off (the unsliced reference run) and report."""
+        from .slicing import control
+        return control(self, enabled)
+
+    def retire_logits_probe(self, on: bool) -> list[str]:
+        """Test probe: record a digest of every logits tensor (on); stop and return the digests (off)."""
+        from .slicing import logits_probe
+        return logits_probe(self, on)

@@ -7,6 +7,7 @@ freeing the request that holds it.
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Iterable, Sequence
 
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -159,6 +160,7 @@ class SchedulerPort:
         if r is None:
             return []
         r.num_computed_tokens = int(to_tokens)
+        r.is_prefill_chunk = r.num_computed_tokens < r.num_tokens  # vLLM sets it at schedule time
         out: list[int] = []
         for m in self.mgrs:
             table = m.req_to_blocks.get(req_id, [])
@@ -170,6 +172,32 @@ class SchedulerPort:
 
     def evict_hashes(self, block_ids: Iterable[int]) -> None:
         self.pool.evict_blocks(set(block_ids))
+
+    def sharers(self, block_ids: Iterable[int]) -> list[str]:
+        """Running requests whose COMPUTED prefix holds one of `block_ids` as a full block (a request that reused,
+        through the prefix cache, blocks a cut step was writing): they must recompute, not roll back."""
+        bad = set(block_ids)
+        out = []
+        for r in self.s.running:
+            done = int(r.num_computed_tokens)
+            for m in self.mgrs:
+                table = m.req_to_blocks.get(r.request_id, ())
+                if any(b.block_id in bad for b in table[: done // m.block_size]):
+                    out.append(r.request_id)
+                    break
+        return out
+
+    def preempt(self, req_id: str) -> bool:
+        """vLLM's own preemption (blocks freed, back to waiting with nothing computed), as its scheduler does it;
+        the request is also dropped from the previous step's scheduled set so its resumption resends its tokens to
+        the worker (as `reset_prefix_cache` does). False if it is not running."""
+        r = self.s.requests.get(req_id)
+        if r is None or r not in self.s.running:
+            return False
+        self.s.running.remove(r)
+        self.s._preempt_request(r, time.monotonic())
+        self.s.prev_step_scheduled_req_ids.discard(req_id)
+        return True
 
     # ------------------------------------------------------------------ audit
     def ref_counts(self) -> dict[int, int]:

@@ -14,6 +14,8 @@ ENGINE_FREE = ("test_core_explore", "test_dram_ledger")
 SAFE_POINTS = ("test_safe_points", "test_compiled_fallback", "test_long_prefill", "test_safepoint_model")
 DRAM = ("test_dram", "test_dram_ledger", "test_churn")
 SLACK = ("test_slack", "test_slack_enginefree")
+MIXED_CUT = ("test_safe_points", "test_mixed_cut_closure")
+SLICED = ("test_safe_points", "test_safepoint_model")
 
 SEAMS = (
     # ---------------------------------------------------------------- extension points (configuration)
@@ -61,6 +63,13 @@ SEAMS = (
     seam(f"{POOL}:BlockPool.get_num_free_blocks", "method", []),
     seam(f"{POOL}:BlockPool.evict_blocks", "method", ["block_ids"], guarantees=SAFE_POINTS,
          note="writer closure un-hashes half-written blocks"),
+    # writer closure of a cut MIXED step (retire/closure.py): roll innocents back, preempt requests sharing cut blocks
+    seam(f"{SCHED}:Scheduler.running", guarantees=MIXED_CUT),
+    seam(f"{SCHED}:Scheduler._preempt_request", "method", ["request", "timestamp"], guarantees=MIXED_CUT,
+         note="a request whose computed prefix reused blocks a cut step was writing recomputes"),
+    seam(f"{SCHED}:Scheduler.prev_step_scheduled_req_ids", guarantees=MIXED_CUT,
+         note="a request preempted after its step resends its tokens when resumed"),
+    seam("vllm.v1.request:Request.is_prefill_chunk", guarantees=MIXED_CUT, note="reset by the rollback"),
     seam("vllm.v1.core.kv_cache_utils:KVCacheBlock.block_id"),
     seam("vllm.v1.core.kv_cache_utils:KVCacheBlock.ref_cnt"),
     seam("vllm.v1.core.kv_cache_utils:KVCacheBlock.is_null"),
@@ -120,6 +129,33 @@ SEAMS = (
          note="decoder layers model.model.layers get the safe-point hooks"),
     seam("vllm.config.compilation:CompilationConfig.mode", guarantees=SAFE_POINTS),
     seam("vllm.config.compilation:CompilationMode", "class", guarantees=SAFE_POINTS),
+    # sliced attention (retire/slicing.py): the step's CPU_ATTN kernel work items run as query slices
+    seam("vllm.model_executor.layers.attention:Attention", "class", guarantees=SLICED),
+    seam("vllm.model_executor.layers.attention:Attention.impl", guarantees=SLICED),
+    seam("vllm.v1.attention.backends.cpu_attn:CPUAttentionBackendImpl", "class", guarantees=SLICED),
+    seam("vllm.v1.attention.backends.cpu_attn:CPUAttentionBackendImpl.forward", "method",
+         ["layer", "query", "key", "value", "kv_cache", "attn_metadata", "output"], guarantees=SLICED,
+         note="called once per slice with a metadata copy holding that slice's work items"),
+    seam("vllm.v1.attention.backends.cpu_attn:CPUAttentionBackendImpl.head_size", guarantees=SLICED),
+    seam("vllm.v1.attention.backends.cpu_attn:CPUAttentionBackendImpl.num_heads", guarantees=SLICED),
+    seam("vllm.v1.attention.backends.cpu_attn:CPUAttentionBackendImpl.num_kv_heads", guarantees=SLICED),
+    seam("vllm.v1.attention.backends.cpu_attn:CPUAttentionBackendImpl.sliding_window", guarantees=SLICED),
+    seam("vllm.v1.attention.backends.cpu_attn:CPUAttentionBackendImpl.kv_cache_dtype", guarantees=SLICED),
+    seam("vllm.v1.attention.backends.cpu_attn:_get_attn_isa", "function", ["dtype", "block_size", "head_size"],
+         guarantees=SLICED, note="the kernel self-check's ISA"),
+    seam("vllm.v1.attention.backends.cpu_attn:CPUAttentionMetadata", "class", guarantees=SLICED),
+    seam("vllm.v1.attention.backends.cpu_attn:CPUAttentionMetadata.scheduler_metadata", guarantees=SLICED,
+         note="binary layout (C++ AttentionMetadata: 4288-byte header, 40-byte work items) checked at install"),
+    seam("vllm.v1.attention.backends.cpu_attn:CPUAttentionMetadata.query_start_loc", guarantees=SLICED),
+    seam("vllm.v1.attention.backends.cpu_attn:CPUAttentionMetadata.seq_lens", guarantees=SLICED),
+    seam("vllm.v1.attention.backends.cpu_attn:CPUAttentionMetadata.num_actual_tokens", guarantees=SLICED),
+    seam("vllm.v1.attention.backends.cpu_attn:CPUAttentionMetadata.causal", guarantees=SLICED),
+    seam("vllm.v1.attention.backends.cpu_attn:CPUAttentionMetadata.dynamic_causal", guarantees=SLICED),
+    seam("vllm._custom_ops:cpu_attn_get_scheduler_metadata", "function",
+         ["num_reqs", "num_heads", "num_kv_heads", "head_dim", "seq_lens", "dtype", "query_start_loc", "causal",
+          "sliding_window_size", "isa", "enable_kv_split"], guarantees=SLICED, note="install-time self-check"),
+    seam("vllm._custom_ops:cpu_attention_with_kv_cache", "function", ["query", "key_cache", "value_cache", "output"],
+         guarantees=SLICED, note="install-time self-check"),
     # ---------------------------------------------------------------- public entry points the facade builds on
     seam("vllm.sampling_params:SamplingParams", "class"),
     seam("vllm.sampling_params:SamplingParams.clone", "method", []),

@@ -98,3 +98,195 @@ def cut_output(so, cut: dict):
 
 def is_cut(out) -> bool:
     return getattr(out, "retire_cut", None) is not None
+
+
+# ---------------------------------------------------------------------- attention slicing (retire/slicing.py)
+# The CPU attention kernel (CPU_ATTN, `cpu_attention_with_kv_cache`) runs the work items of a scheduler-metadata tensor
+# built once per step by `cpu_attn_get_scheduler_metadata`: a C++ `AttentionMetadata` header (HDR bytes), then
+# `AttentionWorkItemGroup`s (ITEM bytes each: req_id, q_token_id_start, q_token_num, kv_split_pos_start,
+# kv_split_pos_end, total_kv_len, split_id, local_split_id), then `ReductionWorkItemGroup`s (RED bytes). A work item's
+# rows are processed in q tiles of a fixed row count starting at its first row, so cutting an item at a multiple of
+# that tile count and running the pieces as separate kernel calls changes no tile: every row's arithmetic is the
+# unsplit step's. The layout is checked at install time (`metadata_layout_ok`) and the split's bit-identity by
+# `slicing.selfcheck`; either failing keeps the layer-boundary safe points.
+HDR, ITEM, RED = 4288, 40, 20
+_OFF = {"n_items": 68, "n_red": 72, "n_split": 76, "threads": 80, "eff": 84, "items_ptr": 112, "red_ptr": 120,
+        "cu": 128}
+
+
+def attention_modules(layer) -> list:
+    """The attention modules (vLLM `Attention`, CPU_ATTN impl) inside one decoder layer, in module order."""
+    from vllm.model_executor.layers.attention import Attention
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
+
+    return [m for m in layer.modules() if isinstance(m, Attention) and isinstance(m.impl, CPUAttentionBackendImpl)]
+
+
+def mlp_module(layer):
+    return getattr(layer, "mlp", None)
+
+
+def wrap_attention(attn, fn: Callable[..., Any]) -> Callable[[], None]:
+    """Route `attn.impl.forward(layer, q, k, v, kv_cache, md, output=...)` through `fn(orig, ...)` (instance attribute,
+    vLLM calls `self.impl.forward`); returns the undo."""
+    impl = attn.impl
+    orig = impl.forward
+
+    def forward(*args, **kwargs):
+        return fn(orig, *args, **kwargs)
+
+    impl.forward = forward
+    return lambda: impl.__dict__.pop("forward", None)
+
+
+def observe_logits(worker, fn: Callable[[Any], None]) -> Callable[[], None]:
+    """Call `fn(logits)` on every logits tensor the model computes (observation only; test probe); returns the undo."""
+    model = runner(worker).model
+    orig = model.compute_logits
+
+    def compute_logits(*args, **kwargs):
+        out = orig(*args, **kwargs)
+        fn(out)
+        return out
+
+    model.compute_logits = compute_logits
+    return lambda: model.__dict__.pop("compute_logits", None)
+
+
+def kernel_isa(dtype, block_size: int, head_dim: int, kv_cache_dtype: str = "auto") -> str:
+    """The CPU_ATTN ISA vLLM selects for this shape on this machine (the metadata builder's own choice)."""
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+    return _get_attn_isa(dtype, block_size, head_dim, kv_cache_dtype)
+
+
+def kernel_info(attn) -> dict:
+    """What decides the kernel's q-tile size: ISA, dtype, head dim, heads, KV-cache dtype, split-KV."""
+    from vllm import envs
+
+    impl = attn.impl
+    return {"isa": getattr(attn, "isa", None), "head_dim": int(impl.head_size), "num_heads": int(impl.num_heads),
+            "num_kv_heads": int(impl.num_kv_heads), "kv_cache_dtype": str(impl.kv_cache_dtype),
+            "sliding_window": int(impl.sliding_window), "split_kv": bool(envs.VLLM_CPU_ATTN_SPLIT_KV)}
+
+
+def sliceable(md) -> bool:
+    """Only causal decoder attention over the paged cache with a scheduler-metadata tensor is sliced."""
+    return (md is not None and getattr(md, "scheduler_metadata", None) is not None and md.causal is True
+            and getattr(md, "dynamic_causal", None) is None and not getattr(md, "use_sdpa_prefill", False)
+            and getattr(md, "encoder_cache", None) is None)
+
+
+def with_schedule(md, sched):
+    """A copy of the step's attention metadata that runs the work items of `sched` only."""
+    import dataclasses
+    return dataclasses.replace(md, scheduler_metadata=sched)
+
+
+def parse_schedule(t) -> dict:
+    """Decode a scheduler-metadata tensor: per thread, its work items [req, q_start, q_num, kv_lo, kv_hi, kv_len,
+    split_id, local_split_id]; reductions as raw bytes."""
+    import numpy as np
+
+    b = t.numpy().tobytes()
+    i32 = lambda off, n=1: np.frombuffer(b, dtype=np.int32, count=n, offset=off)
+    n, nred, nsplit, threads, eff = (int(x) for x in i32(_OFF["n_items"], 5))
+    cu = [int(x) for x in i32(_OFF["cu"], threads + 1)]
+    items = []
+    for k in range(n):
+        o = HDR + k * ITEM
+        r, qs, qn, lo, hi = (int(x) for x in i32(o, 5))
+        kvl = int(np.frombuffer(b, dtype=np.int64, count=1, offset=o + 24)[0])
+        sid, lsid = (int(x) for x in i32(o + 32, 2))
+        items.append([r, qs, qn, lo, hi, kvl, sid, lsid])
+    return {"header": b[:HDR], "items": items, "cu": cu, "threads": threads, "eff": eff, "n_split": nsplit,
+            "reductions": b[HDR + n * ITEM: HDR + n * ITEM + nred * RED], "n_red": nred, "size": len(b)}
+
+
+def build_schedule(parsed: dict, per_thread: list[list[list[int]]], with_reductions: bool):
+    """A scheduler-metadata tensor that runs `per_thread` (lists of work items, non-empty threads first) and, if
+    `with_reductions`, the step's split-KV reductions; everything else is the step's own header."""
+    import numpy as np
+    import torch
+
+    lists = [x for x in per_thread if x] or [[]]
+    items = [it for x in lists for it in x]
+    red = parsed["reductions"] if with_reductions else b""
+    nred = parsed["n_red"] if with_reductions else 0
+    size = HDR + len(items) * ITEM + len(red)
+    t = torch.zeros(size, dtype=torch.int8)
+    buf = t.numpy()
+    buf[:HDR] = np.frombuffer(parsed["header"], dtype=np.int8)
+    base = t.data_ptr()
+    hdr = buf.view(np.uint8)
+    hdr[:8] = 0  # the kernel's task counter
+    _put(buf, _OFF["n_items"], np.int32, [len(items), nred, parsed["n_split"] if with_reductions else 0])
+    cu = np.zeros(parsed["threads"] + 1, dtype=np.int32)
+    counts = [len(x) for x in lists if x]
+    cu[1:1 + len(counts)] = np.cumsum(counts)
+    cu[1 + len(counts):] = cu[len(counts)]
+    _put(buf, _OFF["cu"], np.int32, cu)
+    _put(buf, _OFF["eff"], np.int32, [len(counts)])
+    _put(buf, _OFF["items_ptr"], np.int64, [base + HDR])
+    _put(buf, _OFF["red_ptr"], np.int64, [base + HDR + len(items) * ITEM])
+    for k, (r, qs, qn, lo, hi, kvl, sid, lsid) in enumerate(items):
+        o = HDR + k * ITEM
+        _put(buf, o, np.int32, [r, qs, qn, lo, hi])
+        _put(buf, o + 24, np.int64, [kvl])
+        _put(buf, o + 32, np.int32, [sid, lsid])
+    if red:
+        buf[HDR + len(items) * ITEM:] = np.frombuffer(red, dtype=np.int8)
+    return t
+
+
+def _put(buf, off: int, dtype, values) -> None:
+    import numpy as np
+    a = np.asarray(values, dtype=dtype)
+    buf[off: off + a.nbytes] = a.view(np.int8)
+
+
+def reset_schedule(t) -> None:
+    """Zero the kernel's task counter before a (re)run of a built schedule."""
+    t.numpy()[:8] = 0
+
+
+def run_kernel(query, key_cache, value_cache, output, qsl, seq_lens, block_table, scale: float, sched) -> None:
+    """The CPU attention kernel on explicit tensors (the self-check's reference and sliced runs)."""
+    from vllm import _custom_ops as ops
+
+    ops.cpu_attention_with_kv_cache(query=query, key_cache=key_cache, value_cache=value_cache, output=output,
+                                    query_start_loc=qsl, seq_lens=seq_lens, scale=scale, causal=True,
+                                    alibi_slopes=None, sliding_window=-1, block_table=block_table, softcap=0,
+                                    scheduler_metadata=sched, s_aux=None)
+
+
+def schedule_for(qsl, seq_lens, info: dict, dtype):
+    from vllm import _custom_ops as ops
+
+    return ops.cpu_attn_get_scheduler_metadata(
+        num_reqs=len(seq_lens), num_heads=info["num_heads"], num_kv_heads=info["num_kv_heads"],
+        head_dim=info["head_dim"], seq_lens=seq_lens, dtype=dtype, query_start_loc=qsl, causal=True,
+        sliding_window_size=info["sliding_window"], isa=info["isa"], enable_kv_split=info["split_kv"],
+        kv_cache_dtype=info["kv_cache_dtype"])
+
+
+def metadata_layout_ok(info: dict, dtype, threads: int) -> str | None:
+    """Check the decoded layout on a known input (one 1024-row causal request): the work items tile its rows exactly
+    once and the sizes add up. Returns None, or what does not match."""
+    import torch
+
+    n = 1024
+    t = schedule_for(torch.tensor([0, n], dtype=torch.int32), torch.tensor([n], dtype=torch.int32), info, dtype)
+    try:
+        p = parse_schedule(t)
+    except Exception as e:  # noqa: BLE001 (an unknown layout can fail to decode in many ways)
+        return f"metadata does not decode: {e!r}"
+    if p["threads"] != threads:
+        return f"metadata thread count {p['threads']} != {threads}"
+    if p["size"] != HDR + len(p["items"]) * ITEM + p["n_red"] * RED:
+        return f"metadata size {p['size']} does not match {len(p['items'])} items + {p['n_red']} reductions"
+    rows = sorted((it[1], it[1] + it[2]) for it in p["items"])
+    if not rows or rows[0][0] != 0 or rows[-1][1] != n or any(a[1] != b[0] for a, b in zip(rows, rows[1:])):
+        return f"work items do not tile the rows: {rows}"
+    if p["cu"][-1] != len(p["items"]):
+        return f"per-thread item counts {p['cu']} do not add up to {len(p['items'])}"
+    return None

@@ -8,6 +8,7 @@ runs never see a half-written model. Nothing is downloaded: prompts are token id
 Specs (see RETIRE.md §6):
 - `unit`:   Qwen3-shaped, hidden 256 x 4 layers, init std 0.1 (greedy output varies).
 - `long`:   Qwen3-shaped, hidden 512 x 8 layers, max_position_embeddings 32768 (the long-prefill model).
+- `deep`:   Qwen3-shaped like `long` but 24 layers (a realistic depth for the safe-point interval benchmarks).
 - `hybrid`: Gemma3-shaped, sliding window 128 on alternate layers (two KV groups), untied embeddings, init std
             0.2 (std 0.1 collapses to a repeated token after ~10 greedy steps).
 """
@@ -53,6 +54,8 @@ SPECS: dict[str, ModelSpec] = {
                       intermediate=512, max_pos=4096, init_std=0.1, seed=1),
     "long": ModelSpec("long", "qwen3", hidden=512, layers=8, heads=8, kv_heads=4, head_dim=64,
                       intermediate=1024, max_pos=32768, init_std=0.1, seed=2),
+    "deep": ModelSpec("deep", "qwen3", hidden=512, layers=24, heads=8, kv_heads=4, head_dim=64,
+                      intermediate=1024, max_pos=32768, init_std=0.1, seed=4),
     "hybrid": ModelSpec("hybrid", "gemma3", hidden=256, layers=4, heads=4, kv_heads=2, head_dim=64,
                         intermediate=512, max_pos=4096, init_std=0.2, seed=3,
                         extra=(("sliding_window", 128), ("sliding_window_pattern", 2),

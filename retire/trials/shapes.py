@@ -24,6 +24,9 @@ SHAPES: dict[str, dict[str, Any]] = {
     # shape (its own oracle: no other shape holds 32K), and >= 256 live scopes all running at once
     "long-32k": dict(model="long", max_model_len=32768, max_num_batched_tokens=2048, max_num_seqs=8),
     "unit-wide": dict(model="unit", max_model_len=2048, max_num_batched_tokens=1024, max_num_seqs=512),
+    # realistic depth (24 layers) for the 16K FENCE benchmark; its oracle shape is `deep`
+    "deep": dict(model="deep", max_model_len=4096, max_num_batched_tokens=2048, max_num_seqs=8),
+    "deep-16k": dict(model="deep", max_model_len=32768, max_num_batched_tokens=16384, max_num_seqs=8),
     # ngram speculative decoding (3 draft tokens); its oracle is a stock engine with the same speculative config
     "unit-spec": dict(model="unit", max_model_len=2048, max_num_batched_tokens=256, max_num_seqs=16,
                       speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4,
@@ -48,8 +51,8 @@ SHAPES: dict[str, dict[str, Any]] = {
 SHAPE_ENV: dict[str, dict[str, str]] = {"unit-tp2": {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}}
 
 # Shapes whose numerics equal another's share its oracle (prefix caching changes reuse, not the arithmetic).
-ORACLE_SHAPE = {"unit-noapc": "unit", "long-8k": "long", "long-16k": "long", "unit-churn": "unit",
-                "long-churn": "long"}
+ORACLE_SHAPE = {"unit-noapc": "unit", "long-8k": "long", "long-16k": "long", "deep-16k": "deep",
+                "unit-churn": "unit", "long-churn": "long"}
 
 
 def shape_kwargs(key: str) -> tuple[str, dict]:
