@@ -5,7 +5,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export VLLM_LOGGING_LEVEL ?= WARNING
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv models run test test-all bench soak explore clean
+.PHONY: venv models run test test-all bench soak explore mutate clean
 
 venv:
 	@bash scripts/bootstrap.sh
@@ -27,6 +27,14 @@ bench: models
 
 explore: models
 	$(PY) -m conformance.explore --schedules 10000 --workers 2
+
+# mutation testing of the control-plane core against the engine-free suite (docs/mutation.md): a fresh run every
+# time (mutmut's cache would keep verdicts across test changes), then the score table and every survivor; fails if
+# the primary modules score below 90%
+mutate: models
+	rm -rf mutants
+	nice -n 10 .venv/bin/mutmut run --max-children 2
+	$(PY) -m conformance.mutation_report --survivors --min-score 90
 
 soak: models
 	$(PY) -m pytest conformance/test_stateful.py -q --hypothesis-profile=soak -m "not bench"
