@@ -1,13 +1,14 @@
 """The mutation score of `make mutate`, read from mutmut's own result files (mutants/**/*.py.meta).
 
-    python -m conformance.mutation_report [--survivors] [--min-score 90]
+    python -m conformance.mutation_report [--survivors] [--min-score 90] [--documented docs/mutation.md]
 
 Prints one row per mutated module (total, killed, survived, timeout, suspicious, no tests, score), the primary
 modules (the transition core, ALIGN, the ledger, the frontend authority, the engine's version table) and the others
 separately, then with `--survivors` every surviving mutant as `file:line  mutant  -original / +mutated`.
 Score = (killed + timeout) / total: a mutant that makes the suite hang is detected (mutmut stops it at its time
 limit; the suite's own pytest-timeout would fail it too). `--min-score` exits 1 if the primary modules' combined
-score is below it.
+score is below it; `--documented FILE` exits 1 if a survivor is not named in FILE (every survivor must be classified
+as equivalent or accepted in docs/mutation.md, so a new one fails `make mutate` until it is killed or explained).
 """
 from __future__ import annotations
 
@@ -78,6 +79,17 @@ def _function_span(tree: ast.Module, name: str, cls: str | None) -> tuple[int, i
     return 1, 10 ** 9
 
 
+def short_name(name: str) -> str:
+    """`Class.method__mutmut_N` or `function__mutmut_N` (the mutant's name without module and mangling)."""
+    return name.rpartition(".")[2].replace("xǁ", "").replace("ǁ", ".").replace("x_", "", 1)
+
+
+def undocumented(res: dict, doc: Path) -> list[str]:
+    text = doc.read_text()
+    return [f"{path}: {short_name(n)}" for path, codes in res.items() for n, c in codes.items()
+            if status(c) in ("survived", "no tests", "suspicious") and f"`{short_name(n)}`" not in text]
+
+
 def survivors(res: dict) -> list[str]:
     """`file:line  mutant  diff` for every survivor, read with mutmut's own diff of the generated functions."""
     from mutmut.mutation.diff_apply import get_diff_for_mutant
@@ -97,8 +109,7 @@ def survivors(res: dict) -> list[str]:
             lo, hi = _function_span(tree, fn.rpartition(".")[2], cls)
             line = next((i + 1 for i in range(lo - 1, min(hi, len(src))) if minus and src[i].strip() == minus[0].strip()),
                         lo)
-            short = name.rpartition(".")[2].replace("xǁ", "").replace("ǁ", ".").replace("x_", "", 1)
-            out.append(f"{path}:{line}  {short}  [{status(code)}]\n    - {' / '.join(m.strip() for m in minus)}\n"
+            out.append(f"{path}:{line}  {short_name(name)}  [{status(code)}]\n    - {' / '.join(m.strip() for m in minus)}\n"
                        f"    + {' / '.join(p.strip() for p in plus)}")
     return out
 
@@ -112,6 +123,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--survivors", action="store_true", help="list every surviving mutant with its diff")
     ap.add_argument("--min-score", type=float, default=None, help="fail if the primary modules score below this")
+    ap.add_argument("--documented", type=Path, default=None, help="fail if a survivor is not named in this file")
     a = ap.parse_args(argv)
     res = results()
     text, primary = table(res)
@@ -119,10 +131,17 @@ def main(argv=None) -> int:
     if a.survivors:
         print()
         print("\n".join(survivors(res)))
+    rc = 0
     if a.min_score is not None and primary < a.min_score:
         print(f"\nprimary modules score {primary:.1f}% < {a.min_score}%", file=sys.stderr)
-        return 1
-    return 0
+        rc = 1
+    if a.documented is not None:
+        missing = undocumented(res, a.documented)
+        if missing:
+            print(f"\n{len(missing)} survivor(s) not classified in {a.documented}:\n  " + "\n  ".join(missing),
+                  file=sys.stderr)
+            rc = 1
+    return rc
 
 
 if __name__ == "__main__":

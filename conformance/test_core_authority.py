@@ -152,10 +152,13 @@ def test_live_versions_yields_every_unfinished_version_of_every_scope():
 
 # ---------------------------------------------------------------------------------------------- the lock
 async def _supersede(table: ScopeTable, tenant: str, scope: str, expected: int, sent: list, *, lock: bool = True,
-                     gate: asyncio.Event | None = None) -> Version:
+                     gate: asyncio.Event | None = None, checked=None) -> Version:
     """What RetireEngine.supersede does with the table: check, take the scope's lock, re-check, send the successor
-    (recorded in `sent`) and await the engine's answer (`gate`), mirror the ADVANCE."""
+    (recorded in `sent`) and await the engine's answer (`gate`), mirror the ADVANCE. `checked()` is called once the
+    first check passed (the race's barrier)."""
     s = table.check(tenant, scope, expected)
+    if checked is not None:
+        checked()
 
     async def body():
         table.check(tenant, scope, expected)
@@ -171,16 +174,24 @@ async def _supersede(table: ScopeTable, tenant: str, scope: str, expected: int, 
 
 
 def _race(lock: bool):
+    """Two SUPERSEDEs naming epoch 0: both pass their first check, then the engine answers (the gate opens)."""
     table, s = _table_with()
     sent: list = []
 
     async def go():
-        gate = asyncio.Event()
-        tasks = [asyncio.ensure_future(_supersede(table, "t", "s", 0, sent, lock=lock, gate=gate)) for _ in range(2)]
-        for _ in range(3):
-            await asyncio.sleep(0)  # both calls passed their first check and wait on the engine or on the lock
+        gate, both = asyncio.Event(), asyncio.Event()
+        n = []
+
+        def checked():
+            n.append(1)
+            if len(n) == 2:
+                both.set()
+
+        tasks = [asyncio.ensure_future(_supersede(table, "t", "s", 0, sent, lock=lock, gate=gate, checked=checked))
+                 for _ in range(2)]
+        await asyncio.wait_for(both.wait(), timeout=5)
         gate.set()
-        return await asyncio.gather(*tasks, return_exceptions=True)
+        return await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=5)
 
     return s, sent, asyncio.run(go())
 
