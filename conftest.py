@@ -2,7 +2,12 @@
 and the audit that runs after every engine test.
 
 - `device` is a session fixture parametrized over "cpu" (marker `cpu`) and "cuda" (marker `gpu`); `pytest -m gpu`
-  selects the same guarantees on CUDA runners. A parameter whose device is absent skips with a reason saying so.
+  selects the same guarantees on CUDA runners. The cuda parameter skips, saying so, without a CUDA device; the cpu
+  parameter FAILS when vLLM's platform cannot be determined (`device_verdict`), and a CPU engine that cannot start
+  errors the test: a CPU guarantee never silently becomes a skip.
+- Hangs fail with a stack: pytest-timeout (pyproject: 900 s per test, signal method); tests that legitimately run
+  longer or must fail sooner carry `@pytest.mark.timeout(N)`, and the state machine's limit follows its Hypothesis
+  profile (`pytest_collection_modifyitems`).
 - `unit` / `long` hand a test a Harness: facades for every policy on ONE engine configuration, its oracle, and
   `h.run(coro)`. At teardown every facade is drained and audited; a leak fails the test.
 """
@@ -20,7 +25,8 @@ try:
     from hypothesis import HealthCheck, settings
 
     _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-    settings.register_profile("ci", max_examples=12, stateful_step_count=12, **_common)
+    # ci: the default suite (about 2 minutes for the real-engine state machine); soak: `make soak` (about 5 minutes)
+    settings.register_profile("ci", max_examples=100, stateful_step_count=20, **_common)
     settings.register_profile("soak", max_examples=1000, stateful_step_count=20, **_common)
     settings.register_profile("dev", max_examples=30, **_common)
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
@@ -29,26 +35,61 @@ except ImportError:  # hypothesis is a test extra
 
 
 def _platform() -> str:
+    """vLLM's own answer to "which device does this build target". Raises if vLLM cannot say (broken install)."""
+    from vllm.platforms import current_platform
+    return str(current_platform.device_type)
+
+
+def device_verdict(want: str, probe=_platform, cuda_available=None) -> tuple[str, str]:
+    """("run" | "skip" | "fail", reason) for the `device` parameter `want`.
+
+    - cpu: runs on the CPU build. A probe that raises, or a build that targets neither cpu nor cuda, FAILS: a CPU
+      guarantee never turns into a skip because vLLM could not be imported or asked (CI must not stay green with
+      zero guarantees run). Only a CUDA build (the `gpu` runners) skips the cpu parametrization, saying so.
+    - cuda: skips unless a CUDA device and a CUDA build are present; a probe that raises on a machine WITH a CUDA
+      device fails.
+    """
+    if want == "cuda":
+        if cuda_available is None:
+            import torch
+            cuda_available = torch.cuda.is_available()
+        if not cuda_available:
+            return "skip", ("GPU-only parametrization: no CUDA device on this machine "
+                            "(runs under `pytest -m gpu` on CUDA runners)")
     try:
-        from vllm.platforms import current_platform
-        return str(current_platform.device_type)
-    except Exception:  # noqa: BLE001
-        return "unknown"
+        have = probe()
+    except Exception as e:  # noqa: BLE001 - reported, never swallowed into a skip
+        return "fail", f"cannot determine vLLM's platform for the {want} guarantees: {e!r}"
+    if have == want:
+        return "run", ""
+    if want == "cpu" and have == "cuda":
+        return "skip", "CPU parametrization: the installed vLLM is the CUDA build (run `pytest -m gpu`)"
+    if want == "cuda" and have == "cpu":
+        return "skip", "GPU-only parametrization: the installed vLLM is the CPU build"
+    return "fail", f"the installed vLLM targets {have!r}: the {want} guarantees cannot run"
 
 
 @pytest.fixture(scope="session", params=[pytest.param("cpu", marks=pytest.mark.cpu),
                                          pytest.param("cuda", marks=pytest.mark.gpu)])
 def device(request):
-    want = request.param
-    have = _platform()
-    if want == "cuda":
-        import torch
-        if not torch.cuda.is_available() or have != "cuda":
-            pytest.skip("GPU-only parametrization: no CUDA device / CUDA vLLM build on this machine "
-                        "(runs under `pytest -m gpu` on CUDA runners)")
-    elif have != "cpu":
-        pytest.skip(f"CPU parametrization: the installed vLLM targets {have!r}, not the CPU build")
-    return want
+    verdict, reason = device_verdict(request.param)
+    if verdict == "skip":
+        pytest.skip(reason)
+    if verdict == "fail":
+        pytest.fail(reason, pytrace=False)
+    return request.param
+
+
+TIMEOUT_BY_PROFILE = {"soak": 3600, "dev": 900, "ci": 600}  # seconds for the real-engine state machine
+
+
+def pytest_collection_modifyitems(config, items):
+    """The state machine's pytest-timeout follows its Hypothesis profile: a CI run that hangs fails within 10
+    minutes, a soak (1,000 examples, about 5 minutes) gets an hour."""
+    profile = config.getoption("hypothesis_profile", None) or os.environ.get("HYPOTHESIS_PROFILE", "ci")
+    for item in items:
+        if item.name.startswith("test_retire_state_machine"):
+            item.add_marker(pytest.mark.timeout(TIMEOUT_BY_PROFILE.get(profile, 3600)))
 
 
 @pytest.fixture(scope="session")

@@ -1,59 +1,66 @@
-"""Reusable scenario drivers: a predecessor streams, the revision lands at a chosen moment, the successor runs.
+"""Scenario helpers of the conformance suite. The revision driver itself is the packaged one
+(`retire.trials.revision_trial`, shared with the demo and perf); here is only the publication observer.
 
-Invariant: the revision moment is chosen by engine-visible progress (frames received, or the scheduler's view of
-the request), never by wall-clock sleeps.
+Invariant: an observer stands outside the subject. A token is obsolete when the consumer received it after the test
+marked its `supersede` call on the shared consumer clock (`retire.trials.ConsumerClock`); the subject's `revoked` flag,
+epoch table and counters are never consulted. So a frame the subject lets through between the call and its own
+linearization point counts, as RETIRE.md §5 defines "published after supersede was called".
 """
 from __future__ import annotations
 
-import asyncio
-from dataclasses import dataclass
+from retire.trials import ConsumerClock, Observed, observe
 
-from oracles import Run, collect
-from retire import Contract
+__all__ = ["abort_all", "count_obsolete", "mark_supersede", "supersede_mark", "within"]
 
 
-@dataclass
-class Revision:
-    transition: object
-    old: Run          # what the consumer of the old version received
-    new: Run          # the successor's output
-    obsolete_published: int
+def supersede_mark(scope: str, epoch: int = 0) -> str:
+    return f"supersede:{scope}:{epoch}"
 
 
-async def revise_after(eng, scope: str, *, prompt, sp_old, revised, sp_new, after_tokens: int = 0,
-                       contract: Contract = Contract(), tenant: str = "default", old_consumer_delay=None) -> Revision:
-    """Submit `prompt`, consume the old stream until `after_tokens` tokens arrived (0: revise before any token),
-    SUPERSEDE with `revised`, keep the old consumer running to its end, then collect the successor."""
-    await eng.submit(scope, prompt, sp_old, tenant=tenant)
-    reached = asyncio.Event()
-    got = {"n": 0}
-
-    async def on_frame(f):
-        got["n"] += len(f.token_ids)
-        if got["n"] >= after_tokens:
-            reached.set()
-
-    if after_tokens <= 0:
-        reached.set()
-    old_task = asyncio.ensure_future(collect(eng, scope, 0, tenant, on_frame=on_frame))
-    waiter = asyncio.ensure_future(reached.wait())
-    await asyncio.wait([old_task, waiter], return_when=asyncio.FIRST_COMPLETED)
-    waiter.cancel()
-    before = eng.stats()["obsolete_tokens_published"]
-    tr = await eng.supersede(scope, 0, revised, sp_new, contract=contract, tenant=tenant)
-    new = await collect(eng, scope, 1, tenant)
-    old = await old_task
-    return Revision(tr, old, new, eng.stats()["obsolete_tokens_published"] - before)
+async def mark_supersede(eng, clock: ConsumerClock, scope: str, expected_epoch: int, *args, **kw):
+    """`eng.supersede(scope, expected_epoch, ...)`, with the call's moment marked on `clock` just before it."""
+    clock.mark(supersede_mark(scope, expected_epoch))
+    return await eng.supersede(scope, expected_epoch, *args, **kw)
 
 
-async def count_obsolete(eng, scope: str, version, got: dict, *, gated: bool, on_tokens=None) -> None:
-    """Consume epoch 0 of `scope` as a client would and count, in `got["obsolete"]`, the tokens it received after
-    `version` was revoked (the observer's own count, independent of the facade's counters). Ungated, the first
-    obsolete frame is proof enough and consumption stops there. `on_tokens(token_ids)` sees every frame's tokens."""
-    async for f in eng.stream(scope, 0):
-        if version.revoked and f.token_ids:
-            got["obsolete"] += len(f.token_ids)
-            if not gated:
-                return
+async def count_obsolete(eng, scope: str, clock: ConsumerClock, got: dict, *, gated: bool, on_tokens=None,
+                         tenant: str = "default") -> Observed:
+    """Consume epoch 0 of `scope` as a client would and count, in `got["obsolete"]`, the tokens it received after the
+    SUPERSEDE of epoch 0 was called (marked with `mark_supersede`). Ungated, the first obsolete frame is proof enough
+    and consumption stops there (the revoked stream may never end). `on_tokens(token_ids)` sees every frame."""
+    key = supersede_mark(scope, 0)
+    log = Observed()
+
+    def on_frame(r):
+        call = clock.marks.get(key)
+        if call is not None and r.tokens and r.at > call:
+            got["obsolete"] += len(r.tokens)
         if on_tokens is not None:
-            on_tokens(f.token_ids)
+            on_tokens(list(r.tokens))
+
+    def stop(r):
+        return not gated and got["obsolete"] > 0
+
+    return await observe(eng, scope, 0, clock, log, tenant=tenant, stop=stop, on_frame=on_frame)
+
+
+async def within(aw, seconds: float, what: str):
+    """Await `aw`, failing after `seconds` with a message naming what it waited for (a hang becomes a failure that
+    says what never happened, instead of a suite that stalls)."""
+    import asyncio
+
+    try:
+        return await asyncio.wait_for(aw, seconds)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"waited {seconds:.0f} s for {what}: it never happened (hang)") from None
+
+
+async def abort_all(eng) -> None:
+    """Cleanup for a private facade a failing test may leave inconsistent: abort the request of EVERY version it ever
+    created (frontend and engine; a version the facade thinks finished may still run in the engine when frontend and
+    engine disagree, and aborting a finished request is a no-op), so no stream waits and nothing keeps computing;
+    then close the facade."""
+    ids = [v.internal_id for s in list(eng.table.scopes.values()) for v in s.versions.values() if v.internal_id]
+    for i in ids:
+        await eng.backend.abort(i)  # frontend (ends the stream) and engine
+    await eng.close()

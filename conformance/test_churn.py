@@ -11,7 +11,7 @@ import pytest
 from vllm import SamplingParams
 
 from conformance.fixtures.prompts import revise, tokens
-from retire.demo import Judge
+from retire.trials import Judge
 from retire.faults.churn import ARMS, Churn, churn_trial
 
 SP_OLD = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
@@ -79,7 +79,7 @@ def test_churn_fault_discipline(churn):
     """Churn declares what it affects, conflicts with another capacity fault, and heal closes its facade."""
     from retire.faults import compose, FaultConflict
 
-    with pytest.raises(FaultConflict):
+    with pytest.raises(FaultConflict, match="both affect 'kv.capacity'"):
         compose(Churn(0.5), Churn(1.0))
 
     async def go():

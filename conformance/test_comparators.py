@@ -17,7 +17,7 @@ def test_perturbed_token_list_is_reported():
     bad = Run(tokens=(5, 6, 99, 8))
     v = compare_tokens(subject=bad, oracle=BASE, subject_name="retire", oracle_name="clean_run")
     assert v.valid is False and "retire" in v.detail and "clean_run" in v.detail and "token 2" in v.detail
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="subject and oracle differ at token 2"):
         assert_same_tokens(subject=bad, oracle=BASE)
     assert compare_tokens(subject=Run(tokens=(5, 6, 7)), oracle=BASE).valid is False  # truncated
 
@@ -26,7 +26,7 @@ def test_perturbed_logprobs_are_reported():
     bad = Run(tokens=BASE.tokens, logprobs=(-0.1, -1.2, -0.3, -0.4), top_logprobs=BASE.top_logprobs)
     v = compare_logprobs_close(subject=bad, oracle=BASE)
     assert v.valid is False and "atol" in v.detail
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match=r"token 1 \(6\): subject logprob -1.2000 vs oracle -0.2000"):
         assert_logprobs_close(subject=bad, oracle=BASE)
 
 
@@ -48,7 +48,17 @@ def test_near_tie_divergence_is_tolerated_and_far_divergence_is_not():
 
 
 def test_crashing_comparison_is_unknown_not_pass():
+    """Each comparator's crash path: an exception INSIDE the comparison becomes unknown (valid None, falsy), never a
+    pass. (Missing logprobs are a separate, explicit unknown, not a crash.)"""
+    short = Run(tokens=BASE.tokens, logprobs=(-0.1,), top_logprobs=BASE.top_logprobs)  # logprobs[1] raises IndexError
+    v = compare_logprobs_close(subject=short, oracle=BASE)
+    assert v.valid is None and not v and v.detail.startswith("comparator crashed: IndexError"), v.detail
+    v = compare_tokens(subject=object(), oracle=BASE)  # iterating an object raises TypeError
+    assert v.valid is None and not v and v.detail.startswith("comparator crashed: TypeError"), v.detail
+    with pytest.raises(AssertionError, match="comparator crashed"):
+        assert_same_tokens(subject=object(), oracle=BASE)  # the assert form does not pass an unknown either
+
+
+def test_missing_logprobs_are_unknown_not_pass():
     v = compare_logprobs_close(subject=Run(tokens=(1,)), oracle=BASE)
-    assert v.valid is None and not v
-    v = compare_tokens(subject=object(), oracle=BASE)
-    assert v.valid is None
+    assert v.valid is None and not v and "logprobs missing" in v.detail

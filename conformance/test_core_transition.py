@@ -384,13 +384,6 @@ def test_refusals_count_once_each():
 
 
 # ------------------------------------------------------------------------------------------------ gate (a) and duplicates
-@pytest.mark.xfail(strict=True, reason=(
-    "core bugs: (1) VersionTable.register refuses a duplicate epoch-0 registration without recording its tag, so the "
-    "live duplicate is an untagged request, is_current() treats it as current, gate (a) commits its outputs and the "
-    "audit never reports it (TransitionCore.submit's docstring says otherwise); (2) even with it tagged, "
-    "RetireScheduler.update_from_output runs TransitionCore.after_commit (whose prune forgets the tags of requests "
-    "that finished in this step) before filter_outputs applies gate (a), so a non-current version's output in the "
-    "step where it finishes is committed"))
 def test_duplicate_submit_is_never_current_and_gate_a_commits_none_of_its_outputs():
     core = EngineFreeCore()
     first = core.submit("t", "s", P, max_tokens=4)

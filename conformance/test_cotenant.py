@@ -160,6 +160,6 @@ def test_two_loads_on_one_tenant_conflict():
     import pytest
 
     from retire.faults import FaultConflict
-    with pytest.raises(FaultConflict):
+    with pytest.raises(FaultConflict, match="both affect 'load.B'"):
         compose(CoTenantLoad("B"), CoTenantLoad("B"))
     compose(CoTenantLoad("B"), CoTenantLoad("C"), PageCorruption([1]))

@@ -21,7 +21,7 @@ import pytest
 from vllm import SamplingParams
 
 from conformance.fixtures.prompts import revise, tokens
-from conformance.scenarios import revise_after
+from retire.trials import revision_trial
 from oracles import compare_logprobs_close
 from retire import Contract
 from retire.align import ChunkShape, alignment_unit
@@ -45,7 +45,7 @@ def _empty_prefix_cache(request):
     prefix cache so the expected certified lengths are the cold-shaped ones."""
     if "unit" in request.fixturenames:
         h = request.getfixturevalue("unit")
-        assert h.run(h.retire.backend.llm.reset_prefix_cache()), "prefix cache reset refused (blocks in use)"
+        assert h.run(h.retire.backend.reset_prefix_cache()), "prefix cache reset refused (blocks in use)"
     yield
 
 
@@ -69,14 +69,14 @@ def _run_case(h, seed: int, lcp: int, contract: Contract, scope: str):
 
     async def go():
         eng = h.retire
-        rev = await revise_after(eng, scope, prompt=prompt, sp_old=SP_OLD, revised=revised, sp_new=SP_NEW,
-                                 after_tokens=1, contract=contract)
+        rev = await revision_trial(eng, scope, prompt, revised, SP_OLD, SP_NEW, after_tokens=1, contract=contract,
+                                   reset_cache=False)
         log = await eng.backend.sched("chunk_log", {"req_id": eng.internal_id(scope, 1)})
         cold = await h.oracle.clean_run(revised, SP_NEW)
         return rev, log, cold
 
     rev, log, cold = h.run(go())
-    assert rev.obsolete_published == 0
+    assert rev.obsolete == 0
     return revised, rev, log, cold
 
 

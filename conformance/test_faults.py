@@ -14,7 +14,7 @@ class FakeFacade:
 
 
 def test_composing_two_faults_on_one_operation_is_refused():
-    with pytest.raises(FaultConflict):
+    with pytest.raises(FaultConflict, match="both affect 'consume'"):
         compose(SlowConsumer(0.01), SlowConsumer(0.02))
     compose(SlowConsumer(0.01), LateCompletion("s"), ForgedTenant("x"))  # disjoint operations compose
 
@@ -28,7 +28,7 @@ def test_heal_runs_when_the_test_body_fails():
             assert eng.seams.after_yield and eng.seams.on_dequeue and eng.seams.successor_tenant == "x"
             raise RuntimeError("the test body failed")
 
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="the test body failed"):
         asyncio.run(go())
     assert eng.seams == TestSeams()
     assert not fault.injected and not any(f.injected for f in fault.faults)

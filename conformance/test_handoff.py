@@ -3,13 +3,14 @@
 Comparison rule per case: the oracle is `clean_prefix_run(revised[:inherited], revised)` on a stock engine. When the
 inherited length is a multiple of the prefill chunk (256 here) the execution shapes match and tokens must be
 identical (exact rule); otherwise the prefix was computed in different chunk splits and the logprob-closeness rule
-applies (oracles.compare.compare_logprobs_close). Cold successors are compared exactly against `clean_run`.
+applies (oracles.compare.compare_logprobs_close). Cold successors are compared exactly against `clean_run`, and must
+be cold by vLLM's own count (`num_cached_tokens == 0` on their frames).
 """
 import pytest
 from vllm import SamplingParams
 
 from conformance.fixtures.prompts import revise, tokens
-from conformance.scenarios import revise_after
+from retire.trials import revision_trial
 from retire.barriers import wait_engine
 from oracles import assert_logprobs_close, assert_same_tokens
 from retire import Contract
@@ -33,8 +34,8 @@ def test_inheriting_successor_matches_clean_prefix_run(unit, seed, lcp):
     revised = revise(prompt, lcp, 560, seed)
 
     async def go():
-        rev = await revise_after(unit.retire, "h", prompt=prompt, sp_old=SP_OLD, revised=revised, sp_new=SP_NEW,
-                                 after_tokens=2)
+        rev = await revision_trial(unit.retire, "h", prompt, revised, SP_OLD, SP_NEW, after_tokens=2,
+                                   reset_cache=False)
         tr = rev.transition
         oracle = await unit.oracle.clean_prefix_run(revised[: tr.inherited_tokens], revised, SP_NEW)
         return rev, oracle
@@ -53,7 +54,7 @@ def test_inheriting_successor_matches_clean_prefix_run(unit, seed, lcp):
     else:
         assert_logprobs_close(subject=rev.new, oracle=oracle, subject_name="retire successor",
                               oracle_name="clean_prefix_run")
-    assert rev.obsolete_published == 0
+    assert rev.obsolete == 0
 
 
 def _cold_case(unit, *, fault=None, contract=Contract(), salt=None, scope="c"):
@@ -94,6 +95,9 @@ def test_mismatch_selects_cold_with_reason(unit, case):
     tr, new, oracle = _cold_case(unit, **kw)
     assert tr.inherited_tokens == 0 and tr.certificate is None
     assert tr.cold_reason is not None and reason in tr.cold_reason, tr.cold_reason
+    # cold by vLLM's own count, not by the scheduler's word: nothing was read through the prefix cache (the old
+    # version's blocks are still cached, so a successor that looked them up would report them here)
+    assert new.num_cached_tokens == 0, f"cold successor ({case}) read {new.num_cached_tokens} cached tokens"
     assert_same_tokens(subject=new, oracle=oracle, subject_name=f"cold successor ({case})", oracle_name="clean_run")
 
 

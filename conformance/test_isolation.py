@@ -32,6 +32,8 @@ def test_cotenant_is_isolated_from_repeated_supersedes(unit):
             first.set()
 
         b_task = asyncio.ensure_future(collect(eng, "job", 0, "B", on_frame=on_b))
+        await eng.submit("b-only", tokens(64, 501), SP_A, tenant="B")  # a scope only B owns
+        b_only = asyncio.ensure_future(collect(eng, "b-only", 0, "B"))
         await first.wait()
         b_id = eng.internal_id("job", tenant="B")
         table0 = (await eng.backend.sched("block_table", {"req_id": b_id}))[0][:10]  # 320 prompt tokens = 10 blocks
@@ -50,9 +52,13 @@ def test_cotenant_is_isolated_from_repeated_supersedes(unit):
         table1 = (await eng.backend.sched("block_table", {"req_id": b_id}))[0][:10]
         dig1 = (await eng.backend.worker("retire_block_digests", table0))[0]
         b_run = await b_task
-        with pytest.raises(UnknownScope):  # A cannot reach B's scope: it has no scope "other" ...
-            await eng.supersede("other", 0, a_prompt, SP_A, tenant="A")
-        assert eng.current_epoch("job", tenant="B") == 0  # ... and B's "job" never moved
+        b_only_id = eng.internal_id("b-only", tenant="B")
+        with pytest.raises(UnknownScope, match="unknown scope 'b-only' for tenant 'A'"):
+            await eng.supersede("b-only", 0, a_prompt, SP_A, tenant="A")  # B owns "b-only"; A cannot reach it
+        assert (eng.current_epoch("b-only", tenant="B"), eng.internal_id("b-only", tenant="B")) == (0, b_only_id)
+        b_only_run = await b_only
+        assert len(b_only_run.tokens) == SP_A.max_tokens and not b_only_run.revoked  # B's scope ran on, untouched
+        assert eng.current_epoch("job", tenant="B") == 0  # B's "job" never moved while A's "job" did
         return table0, dig0, table1, dig1, b_run, a_last
 
     table0, dig0, table1, dig1, b_run, a_last = unit.run(go())

@@ -8,7 +8,7 @@ import pytest
 from vllm import SamplingParams
 
 from conformance.fixtures.prompts import revise, tokens
-from conformance.scenarios import revise_after
+from retire.trials import revision_trial
 from oracles import assert_logprobs_close, assert_same_tokens
 
 SP_OLD = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
@@ -22,8 +22,8 @@ def test_handoff_without_prefix_caching(unit_noapc, seed, lcp):
     revised = revise(prompt, lcp, 580, seed)
 
     async def go():
-        rev = await revise_after(h.retire, "m", prompt=prompt, sp_old=SP_OLD, revised=revised, sp_new=SP_NEW,
-                                 after_tokens=2)
+        rev = await revision_trial(h.retire, "m", prompt, revised, SP_OLD, SP_NEW, after_tokens=2,
+                                   reset_cache=False)
         oracle = await h.oracle.clean_prefix_run(revised[: rev.transition.inherited_tokens], revised, SP_NEW)
         return rev, oracle
 
@@ -39,8 +39,8 @@ def test_native_prefix_reuses_nothing_without_prefix_caching(unit_noapc):
     revised = revise(prompt, 512, 580, 64)
 
     async def go():
-        return await revise_after(h.native_prefix, "m", prompt=prompt, sp_old=SP_OLD, revised=revised,
-                                  sp_new=SP_NEW, after_tokens=2)
+        return await revision_trial(h.native_prefix, "m", prompt, revised, SP_OLD, SP_NEW, after_tokens=2,
+                                    reset_cache=False)
 
     rev = h.run(go())
-    assert rev.transition.inherited_tokens == 0
+    assert rev.transition.inherited_tokens == 0 and rev.new.num_cached_tokens == 0

@@ -10,7 +10,7 @@ import pytest
 from vllm import SamplingParams
 
 from conformance.fixtures.prompts import revise, tokens
-from conformance.scenarios import revise_after
+from retire.trials import revision_trial
 from oracles import assert_logprobs_close, assert_same_tokens
 
 SP_OLD = SamplingParams(max_tokens=160, temperature=0, ignore_eos=True)
@@ -24,8 +24,8 @@ def test_native_successor_matches_clean_run(unit, policy):
     eng = unit.engines[policy]
 
     async def go():
-        rev = await revise_after(eng, "n", prompt=prompt, sp_old=SP_OLD, revised=revised, sp_new=SP_NEW,
-                                 after_tokens=4)
+        rev = await revision_trial(eng, "n", prompt, revised, SP_OLD, SP_NEW, after_tokens=4,
+                                   reset_cache=False)
         oracle = await unit.oracle.clean_run(revised, SP_NEW)
         return rev, oracle
 
@@ -34,11 +34,10 @@ def test_native_successor_matches_clean_run(unit, policy):
     if policy == "native-cold":
         assert_same_tokens(subject=rev.new, oracle=oracle, subject_name="native-cold successor",
                            oracle_name="clean_run")
-        assert tr.inherited_tokens == 0
+        assert tr.inherited_tokens == 0 and rev.new.num_cached_tokens == 0  # vLLM's own count: no reuse
     else:
         assert_logprobs_close(subject=rev.new, oracle=oracle, subject_name="native-prefix successor",
                               oracle_name="clean_run")
         # vLLM's prefix cache still held the shared prefix: full blocks of the 450-token LCP
-        assert tr.inherited_tokens == 448, tr
+        assert tr.inherited_tokens == 448 == rev.new.num_cached_tokens, tr
     assert tr.successor_ttft is not None and tr.successor_ttft > 0
-    assert tr.fence_latency is not None

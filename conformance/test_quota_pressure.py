@@ -1,7 +1,8 @@
 """Pin quota under pressure (issue #5 item 7): with `Contract(pin_quota_blocks=0)` every SUPERSEDE selects cold recovery.
 
 Per case, checked from outside the code under test:
-- the transition inherits 0 tokens, carries no certificate, and its cold_reason names the pin quota;
+- the transition inherits 0 tokens, carries no certificate, and its cold_reason names the pin quota; the successor
+  is cold by vLLM's own count too (`num_cached_tokens == 0` on its frames: nothing read through the prefix cache);
 - the successor equals its clean successor oracle: `clean_run(revised)` on the stock oracle engine, exact token ids
   when it ran alone (a cold successor computes from token 0 in the oracle's chunk shape), the logprob-closeness rule
   when another scope shared its steps (the "mixed" case);
@@ -9,6 +10,10 @@ Per case, checked from outside the code under test:
 - the predecessor is reclaimed: its internal request is gone from the scheduler (`request_state` is None), no handoff
   pin is left, and `audit()` is clean (also at Harness teardown).
 Negative control: the same mid-decode case with quota None inherits (> 0 tokens, no cold reason).
+
+Quota with pins outstanding (`test_quota_counts_pins_outstanding`): a handoff pin lives only inside one engine call,
+except a DRAM transfer's, so a DRAM restore held in its transfer window makes `pinned(tenant)` non-zero while the
+same tenant and another one supersede other scopes; the certified lengths must follow quota - pins per tenant.
 """
 from __future__ import annotations
 
@@ -18,9 +23,11 @@ import pytest
 from vllm import SamplingParams
 
 from conformance.fixtures.prompts import revise, tokens
+from conformance.scenarios import within
 from oracles import assert_logprobs_close, assert_same_tokens, collect
 from retire import Contract
 from retire.barriers import wait_engine
+from retire.dram import HoldRestore
 
 SP_OLD = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
 SP_NEW = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=5)
@@ -59,9 +66,12 @@ async def _reclaimed(eng, *old_ids: str) -> dict:
     return {"states": states, "pins": stats["pins"], "audit": await eng.audit()}
 
 
-def _assert_cold_by_quota(tr) -> None:
+def _assert_cold_by_quota(tr, new) -> None:
+    """`new`: the successor's Run, or None when it was superseded before it published anything."""
     assert tr.inherited_tokens == 0 and tr.certificate is None, tr
     assert tr.cold_reason is not None and "pin quota" in tr.cold_reason, tr.cold_reason
+    assert new is None or new.num_cached_tokens == 0, \
+        f"cold successor read {new.num_cached_tokens} tokens from the prefix cache"
 
 
 def _assert_reclaimed(rec: dict) -> None:
@@ -84,7 +94,7 @@ def test_zero_quota_selects_cold(unit, when):
         return tr, old, new, rec, oracle, eng.stats()["obsolete_tokens_published"] - before
 
     tr, old, new, rec, oracle, obsolete = unit.run(go())
-    _assert_cold_by_quota(tr)
+    _assert_cold_by_quota(tr, new)
     assert obsolete == 0 and old.revoked
     if when == "before-token":
         assert old.tokens == ()
@@ -118,8 +128,8 @@ def test_zero_quota_chain_of_two_supersedes(unit):
         return (tr1, tr2), runs, new, rec, oracle, eng.stats()["obsolete_tokens_published"] - before
 
     trs, runs, new, rec, oracle, obsolete = unit.run(go())
-    for tr in trs:
-        _assert_cold_by_quota(tr)
+    _assert_cold_by_quota(trs[0], None)  # epoch 1 was superseded mid-prefill: it published nothing
+    _assert_cold_by_quota(trs[1], new)
     assert obsolete == 0 and all(r.revoked for r in runs)
     assert_same_tokens(subject=new, oracle=oracle, subject_name="final cold successor (chain, quota 0)",
                        oracle_name="clean_run")
@@ -156,8 +166,8 @@ def test_zero_quota_mixed_with_other_scopes(unit):
 
     out, news, olds, rec, oracles, obsolete = unit.run(go())
     (_, _, tr_a, *_), (_, _, tr_t2, *_), (_, _, tr_b, *_) = out
-    _assert_cold_by_quota(tr_a)
-    _assert_cold_by_quota(tr_t2)
+    _assert_cold_by_quota(tr_a, news[0])
+    _assert_cold_by_quota(tr_t2, news[1])
     assert tr_b.inherited_tokens > 0 and tr_b.cold_reason is None, tr_b
     assert obsolete == 0 and all(o.revoked for o in olds)
     for (scope, tenant, *_), new, oracle in zip(out, news, oracles):
@@ -198,7 +208,93 @@ def test_zero_quota_selects_cold_in_every_mode(unit, when, mode):
             eng.stats()["obsolete_tokens_published"] - before
 
     tr, new, rec, oracle, obsolete = unit.run(go())
-    _assert_cold_by_quota(tr)
+    _assert_cold_by_quota(tr, new)
     assert obsolete == 0
     assert_same_tokens(subject=new, oracle=oracle, subject_name="cold successor", oracle_name="clean_run")
     _assert_reclaimed(rec)
+
+
+class HoldInstall:
+    """Barrier: hold the DRAM restore of (scope, epoch, tenant) between write-back and install, i.e. while its
+    destination blocks are held by the transfer pin and counted against the tenant's quota. `arrived` is set when
+    the restore is held; `release()` lets it install. Installed on the facade's `dram_before_install` hook point."""
+
+    def __init__(self, eng, scope: str, epoch: int, tenant: str):
+        self.eng, self.key = eng, (scope, epoch, tenant)
+        self.arrived, self._go = asyncio.Event(), asyncio.Event()
+
+    async def _hook(self, eng, t) -> None:
+        if (t.scope, t.epoch, t.tenant) == self.key:
+            self.arrived.set()
+            await self._go.wait()
+
+    def release(self) -> None:
+        self._go.set()
+
+    async def __aenter__(self):
+        self.eng.seams.dram_before_install.append(self._hook)
+        return self
+
+    async def __aexit__(self, *exc):
+        self._go.set()
+        self.eng.seams.dram_before_install.remove(self._hook)
+
+
+async def _inherit_with_quota(h, scope: str, tenant: str, quota: int | None, seed: int):
+    """Start a 600-token predecessor, SUPERSEDE it (LCP 530: 512 certifiable = 16 blocks) under `quota`, collect."""
+    eng = h.retire
+    prompt = tokens(600, seed)
+    revised = revise(prompt, 530, 600, seed)
+    await eng.submit(scope, prompt, SP_OLD, tenant=tenant)
+    old = asyncio.ensure_future(collect(eng, scope, 0, tenant))
+    await wait_engine(eng, scope, out_tokens=1, tenant=tenant)
+    tr = await eng.supersede(scope, 0, revised, SP_NEW, contract=Contract(pin_quota_blocks=quota), tenant=tenant)
+    new = await collect(eng, scope, 1, tenant)
+    await old
+    n = tr.inherited_tokens
+    ref = await (h.oracle.clean_prefix_run(revised[:n], revised, SP_NEW) if n else h.oracle.clean_run(revised, SP_NEW))
+    return tr, new, ref
+
+
+@pytest.mark.timeout(400)
+def test_quota_counts_pins_outstanding(unit):
+    """Tenant T has a DRAM handoff of 16 blocks in its transfer window (HoldInstall), so `pinned(T)` is 16 while
+    T and T2 supersede other scopes. Expected certified lengths, from the quota, the outstanding pins and the LCP:
+    T with quota 20 -> 4 free blocks -> 128 tokens; T2 with quota 20 -> 16 blocks -> 512 (pins are per tenant); T with
+    quota 16 -> 0 free -> cold by pin quota (and cold by vLLM's count). Negative control: once the transfer
+    installed (no pin left), T with quota 20 certifies 512 again. Every successor equals its oracle."""
+    async def go():
+        eng = unit.retire
+        prompt = tokens(600, 91)
+        await eng.submit("pa", prompt, SP_OLD, tenant="T")
+        old = asyncio.ensure_future(collect(eng, "pa", 0, "T"))
+        await wait_engine(eng, "pa", out_tokens=1, tenant="T")
+        out = {}
+        async with HoldRestore(eng, "pa", "T") as hold, HoldInstall(eng, "pa", 1, "T") as install:
+            out["pa"] = await eng.supersede("pa", 0, revise(prompt, 530, 600, 91), SP_NEW,
+                                            contract=Contract(dram_tier=True), tenant="T")
+            await old
+            restoring = asyncio.ensure_future(hold.release())
+            await within(install.arrived.wait(), 60, "the DRAM restore to reach its transfer window")
+            out["pins_while_held"] = (await eng.backend.sched("stats"))["pins"]
+            out["T20"] = await _inherit_with_quota(unit, "pb", "T", 20, 92)
+            out["T2-20"] = await _inherit_with_quota(unit, "pb", "T2", 20, 93)
+            out["T16"] = await _inherit_with_quota(unit, "pc", "T", 16, 94)
+            install.release()
+            out["restore"] = await within(restoring, 60, "the held restore to install")
+        out["pa_new"] = await collect(eng, "pa", 1, "T")
+        out["after"] = await _inherit_with_quota(unit, "pd", "T", 20, 95)
+        return out
+
+    out = unit.run(go(), timeout=360)
+    assert out["pins_while_held"] == 1, "precondition: one transfer pin outstanding while the restore is held"
+    assert out["restore"] is True and out["pa"].inherited_tokens == 512, out["pa"]
+    assert len(out["pa_new"].tokens) == SP_NEW.max_tokens
+    want = {"T20": 4 * 32, "T2-20": 512, "T16": 0, "after": 512}
+    for k, n in want.items():
+        tr, new, ref = out[k]
+        assert tr.inherited_tokens == n, f"{k}: inherited {tr.inherited_tokens}, expected {n} ({tr.cold_reason})"
+        if n == 0:
+            _assert_cold_by_quota(tr, new)
+        check = assert_same_tokens if n % 256 == 0 else assert_logprobs_close
+        check(subject=new, oracle=ref, subject_name=f"successor ({k})", oracle_name=f"oracle[:{n}]")

@@ -22,17 +22,17 @@ SP_NEW = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, logprobs=
 LANDING = {"early": 1, "middle": 4, "late": 7}
 
 
-async def land(h, scope, *, unit, layer, prompt, revised, sp_new=SP_NEW):
+async def land(h, scope, *, unit, layer, prompt, revised, sp_new=SP_NEW, posted_within: float = 60.0):
     """Run `prompt` with steps of `unit` tokens; during its second step, at `layer`, SUPERSEDE with `revised`."""
     eng = h.retire
     await eng.backend.sched("set_step_tokens", {"tokens": unit})
     await eng.submit(scope, prompt, SP_OLD)
     old = asyncio.ensure_future(collect(eng, scope, 0))
     await wait_engine(eng, scope, frontier=unit)  # the first step is done; the second is about to run
-    async with LandInStep(eng, layer) as barrier:
+    async with LandInStep(eng, layer, eng.internal_id(scope, 0)) as barrier:
         await barrier.paused()
         task = asyncio.ensure_future(eng.supersede(scope, 0, revised, sp_new))
-        await barrier.posted(eng.internal_id(scope, 0))
+        await barrier.posted(eng.internal_id(scope, 0), timeout=posted_within)
     tr = await task
     new = await collect(eng, scope, 1)
     return tr, new, await old
@@ -60,6 +60,29 @@ def test_revision_inside_a_long_prefill_step(long8k, unit, landing):
     assert tr.inherited_tokens == (unit // 2 + 100) // 32 * 32 <= r.frontier
     assert old.revoked and old.tokens == () and h.retire.stats()["obsolete_tokens_published"] == 0
     assert_logprobs_close(subject=new, oracle=oracle, subject_name="successor after a cut",
+                          oracle_name="clean_prefix_run")
+
+
+@pytest.mark.timeout(300)
+def test_long_scope_name_is_cut_at_a_safe_point(long8k):
+    """The same landing as `test_revision_inside_a_long_prefill_step` (2048-token steps, layer 4, the running chunk
+    obsolete) for a scope named with 1,000 characters: the step must be cut at the safe point, exactly as for a short
+    name (which that test is the control of)."""
+    h, unit, layer = long8k, 2048, 4
+    scope = "S" * 1000
+    prompt = repo_prompt(2 * unit, seed=4242)
+    revised = revise(prompt, unit // 2 + 100, 2 * unit - 300, seed=4242)
+
+    async def go():
+        tr, new, old = await land(h, scope, unit=unit, layer=layer, prompt=prompt, revised=revised,
+                                  posted_within=15.0)
+        return tr, new, old, await h.oracle.clean_prefix_run(revised[: tr.inherited_tokens], revised, SP_NEW)
+
+    tr, new, old, oracle = h.run(go())
+    (r,) = tr.receipts
+    assert r.path == "safe-point" and r.detail["layer"] == layer and r.detail["cut"], r
+    assert old.revoked and old.tokens == ()
+    assert_logprobs_close(subject=new, oracle=oracle, subject_name="successor of a long-named scope",
                           oracle_name="clean_prefix_run")
 
 
@@ -111,7 +134,7 @@ def test_negative_control_without_closure_the_corrupted_reuse_is_caught(long8k):
         tr, again, oracle = h.run(_closure_case(h, closure=False, seed=98))
     finally:
         # heal: drop every cached hash so the poisoned blocks cannot serve later tests
-        assert h.run(h.retire.backend.llm.reset_prefix_cache())
+        assert h.run(h.retire.backend.reset_prefix_cache())
     (r,) = tr.receipts
     assert r.path == "safe-point"
     v = compare_logprobs_close(subject=again, oracle=oracle, subject_name="fresh request (closure off)",
@@ -134,7 +157,7 @@ def test_mixed_step_is_not_cut_and_the_cotenant_is_unchanged(long8k):
         prompt = repo_prompt(2 * unit, seed=8)
         await eng.submit("a", prompt, SP_OLD, tenant="A")
         await wait_engine(eng, "a", frontier=unit - 200, tenant="A")  # one mixed step of A done
-        async with LandInStep(eng, 4) as barrier:
+        async with LandInStep(eng, 4, eng.internal_id("a", 0, tenant="A")) as barrier:
             await barrier.paused()
             task = asyncio.ensure_future(eng.supersede("a", 0, revise(prompt, 500, 3000, 8), SP_NEW, tenant="A"))
             await barrier.posted(eng.internal_id("a", 0, tenant="A"))

@@ -204,7 +204,7 @@ def test_densest_window_burst_gap_and_edge_cases():
     assert (one.count, one.bursts) == (1, [1]) and math.isnan(one.cv)
     empty = densest_window(frame([]), 10)
     assert (empty.count, empty.start, empty.bursts) == (0, None, [])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="seconds must be > 0"):
         densest_window(df, 0)
 
 
@@ -281,10 +281,10 @@ def test_read_trace_rejects_bad_files(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"kind": "retire-trace", "version": 1, "source": "", "n": 2, "t0": "2025-01-01T00:00:00+00:00"}\n'
                    '{"scope": "a", "t": 0.0}\n')
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="header says n=2, found 1 lines"):
         read_trace_jsonl(bad)
     bad.write_text('{"kind": "something-else", "version": 1}\n')
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not a retire-trace file"):
         read_trace_jsonl(bad)
 
 

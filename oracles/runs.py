@@ -1,7 +1,10 @@
 """Runs: one output shape for the subject and the oracle.
 
-`Run(tokens, logprobs, top_logprobs, timings, inherited_tokens, epoch)` is what `collect` builds from a RetireEngine
-stream (the subject) and what `OracleEngine` returns (the reference), so comparators never adapt.
+`Run(tokens, logprobs, top_logprobs, timings, inherited_tokens, epoch, revoked, num_cached_tokens)` is what `collect`
+builds from a RetireEngine stream (the subject) and what `OracleEngine` returns (the reference), so comparators never
+adapt. `num_cached_tokens` is vLLM's own count of prompt tokens served from the prefix cache (carried on the frames
+of the subject, read from RequestOutput on the oracle): it is how a checker tells a cold successor without asking
+the code under test.
 
 Invariant of the oracle: it is a clean execution on a *stock* vLLM AsyncLLM (vLLM's own scheduler, no retire
 metadata, no retire worker hooks) built with the same execution shape (block size, chunk, dtype, eager mode) as the
@@ -27,6 +30,7 @@ class Run:
     inherited_tokens: int | None = None
     epoch: int | None = None
     revoked: bool = False
+    num_cached_tokens: int | None = None  # vLLM's RequestOutput.num_cached_tokens (first frame that carries it)
 
 
 async def collect(eng, scope: str, epoch: int | None = None, tenant: str = "default", *, on_frame=None) -> Run:
@@ -37,11 +41,14 @@ async def collect(eng, scope: str, epoch: int | None = None, tenant: str = "defa
     have_lp = True
     revoked = False
     ep = None
+    cached = None
     t0 = time.monotonic()
     first = None
     async for f in eng.stream(scope, epoch, tenant):
         ep = f.epoch
         revoked = revoked or f.revoked
+        if cached is None and f.num_cached_tokens is not None:
+            cached = int(f.num_cached_tokens)
         if f.token_ids and first is None:
             first = time.monotonic() - t0
         toks.extend(f.token_ids)
@@ -56,7 +63,7 @@ async def collect(eng, scope: str, epoch: int | None = None, tenant: str = "defa
             if hasattr(r, "__await__"):
                 await r
     return Run(tuple(toks), tuple(lps) if have_lp and toks else None, tuple(tops) if have_lp and toks else None,
-               {"first_frame": first, "total": time.monotonic() - t0}, None, ep, revoked)
+               {"first_frame": first, "total": time.monotonic() - t0}, None, ep, revoked, cached)
 
 
 class OracleEngine:
@@ -102,7 +109,7 @@ class OracleEngine:
                 lps.extend(float(d[t].logprob) for t, d in zip(co.token_ids, co.logprobs))
                 tops.extend({int(k): float(x.logprob) for k, x in d.items()} for d in co.logprobs)
         return Run(tuple(toks), tuple(lps) if lps else None, tuple(tops) if tops else None,
-                   {"first_frame": first, "total": time.monotonic() - t0}, cached, None)
+                   {"first_frame": first, "total": time.monotonic() - t0}, cached, None, False, cached)
 
     async def clean_run(self, prompt: Sequence[int], sampling) -> Run:
         """The prompt alone, on a clean cache (no prefix-cache read, private cache namespace)."""

@@ -38,10 +38,10 @@ class BenchEngines:
 
     def warm(self, subject, oracle) -> None:
         """Untimed: one full prefill unit on the subject, the logprobs compile on the oracle."""
-        from retire.demo import _oracle_warmup, warm_prefill
+        from retire.trials import oracle_warmup, warm_prefill
 
         self.pool.runner.run(warm_prefill(subject, subject.backend.chunk))
-        self.pool.runner.run(_oracle_warmup(oracle))
+        self.pool.runner.run(oracle_warmup(oracle))
 
 
 @pytest.fixture(scope="session")

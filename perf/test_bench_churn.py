@@ -25,7 +25,7 @@ from vllm import SamplingParams
 
 from conformance.fixtures.prompts import repo_prompt, revise
 from perf.common import Paired, summary
-from retire.demo import Judge
+from retire.trials import Judge
 from retire.faults.churn import ARMS, churn_trial
 
 pytestmark = pytest.mark.bench
@@ -43,6 +43,7 @@ def _prompts(i: int):
     return prompt, revise(prompt, 4100, 4160, 900 + i)
 
 
+@pytest.mark.timeout(1800)  # RETIRE_CHURN_ROUNDS rounds x 3 arms on the long model, churn included
 @pytest.mark.parametrize("level", LEVELS)
 def test_bench_churn_sweep(benchmark, facades, runner, level):
     fs, oracle = facades(SHAPE, "native-prefix", "retire")

@@ -15,7 +15,7 @@ predecessor running, i.e. the suffix-only physical limit. Metric: successor TTFT
 Inheritance: a predecessor whose 4096-token prompt is fully computed (it is decoding) is superseded by the same 4096
 tokens plus a 32-token suffix. Cold (native-cold) vs certified inheritance (retire). Successor TTFT, paired.
 
-Every successor is checked against its oracle inside the trial (`retire.demo.Judge`); a rejected trial is not
+Every successor is checked against its oracle inside the trial (`retire.trials.Judge`); a rejected trial is not
 admitted. Nothing is asserted about timings.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from oracles import collect
 from perf.common import Paired, summary
 from retire import Contract
 from retire.barriers import LandInStep
-from retire.demo import Judge, reset_prefix_cache, revision_trial
+from retire.trials import Judge, reset_prefix_cache, revision_trial
 
 pytestmark = pytest.mark.bench
 

@@ -21,7 +21,7 @@ from conformance.fixtures.prompts import repo_prompt, revise, tokens
 from oracles import compare_tokens
 from oracles.runs import collect
 from perf.common import Paired, bootstrap_ci, summary
-from retire.demo import Judge, reset_prefix_cache, revision_trial
+from retire.trials import Judge, reset_prefix_cache, revision_trial
 from retire.faults import SlowConsumer
 
 pytestmark = pytest.mark.bench

@@ -17,7 +17,7 @@ from conformance.fixtures.prompts import revise, tokens
 from oracles import compare_logprobs_close
 from perf.common import Paired, summary
 from retire import Contract
-from retire.demo import revision_trial
+from retire.trials import revision_trial
 
 pytestmark = pytest.mark.bench
 

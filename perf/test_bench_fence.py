@@ -72,6 +72,7 @@ async def _trial(eng, oracle, unit: int, step_s: float, frac: float, tag: str) -
 
 
 @pytest.mark.bench
+@pytest.mark.timeout(1800)  # the 16K unit prefills 32K-token prompts on the long model (several s per step)
 @pytest.mark.parametrize("unit", [2048, 4096, 8192, 16384])
 def test_bench_fence_latency_by_prefill_unit(benchmark, facades, pool, unit):
     fs, oracle = facades("long-16k", *ARMS)

@@ -13,7 +13,7 @@ prompt shares `lcp` tokens and adds 256 new ones:
 Metric: interruption-to-successor = SUPERSEDE call -> the successor's first token (`Transition.successor_ttft`).
 Native-prefix is what vLLM users run today (abort, then prefix caching reuses what the aborted request wrote); the
 claim under test is that retire is never slower than it. Every trial's successor is checked against the oracle
-(`retire.demo.Judge`: exact against the mode-matched reference, else the logprob-closeness rule); a rejected trial
+(`retire.trials.Judge`: exact against the mode-matched reference, else the logprob-closeness rule); a rejected trial
 is not admitted. Nothing is asserted about timings.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ from conformance.fixtures.prompts import repo_prompt, revise
 from oracles import collect
 from perf.common import Paired, summary
 from retire.barriers import LandInStep, wait_engine
-from retire.demo import Judge, reset_prefix_cache
+from retire.trials import Judge, reset_prefix_cache
 
 pytestmark = pytest.mark.bench
 

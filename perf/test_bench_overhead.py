@@ -33,7 +33,7 @@ from vllm import SamplingParams
 from conformance.fixtures.prompts import repo_prompt
 from oracles import collect, compare_logprobs_close, compare_tokens
 from perf.common import Paired, bootstrap_ci, bootstrap_ci_nested, summary
-from retire.demo import reset_prefix_cache
+from retire.trials import reset_prefix_cache
 
 pytestmark = pytest.mark.bench
 
@@ -235,6 +235,7 @@ INSTANCES = int(os.environ.get("RETIRE_INSTANCES", "4"))
 PAIRS_PER_INSTANCE = 6
 
 
+@pytest.mark.timeout(1800)  # 4 fresh engine pairs x 6 rounds: about 8 min measured, more than 900 s on a busy machine
 @pytest.mark.parametrize("workload", ["1K-c1", "mixed-8"])
 def test_bench_no_revision_vs_stock_across_instances(benchmark, facades, pool, bench_engines, workload):
     """Table 11 at the resolution its 1% target needs: INSTANCES fresh (retire, stock) engine pairs, started in the

@@ -7,26 +7,23 @@ steps, where retire's in-step safe points apply (not with TP=2: ranks would have
 fence at the step boundary).
 
 Each pedantic round runs BOTH arms (native-cold, retire: sibling facades of one engine) on the same prompt pair, arm
-order alternating; each trial's successor is judged against the path's clean oracle inside the trial (demo.Judge:
-exact against the mode-matched reference, retire may instead pass the logprob-closeness rule; native-cold must be
-exact). A round with a rejected arm gives no ratio; rejections are counted. FENCE latency = SUPERSEDE call -> last
-old writer closed (`Transition.fence_latency`). Reported: medians, [min, max], per-pair ratio native/retire. For TP=2
-also whether every rank's receipt arrived. No timing is asserted.
+order alternating (one driver: `retire.trials.revision_trial`); each trial's successor is judged against the path's
+clean oracle inside the trial (`retire.trials.Judge`: exact against the mode-matched reference, retire may instead
+pass the logprob-closeness rule; native-cold must be exact). A round with a rejected arm gives no ratio; rejections are
+counted. FENCE latency = SUPERSEDE call -> last old writer closed (`Transition.fence_latency`). Reported: medians,
+[min, max], per-pair ratio native/retire. For TP=2 also whether every rank's receipt arrived. No timing is asserted.
 """
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 
 import pytest
 from vllm import SamplingParams
 
 from conformance.fixtures.prompts import repo_prompt, revise, tokens
-from oracles.runs import collect
 from perf.common import Paired, summary
 from retire import Contract
-from retire.barriers import wait_drafts, wait_engine
-from retire.demo import Judge, Trial, reset_prefix_cache
+from retire.trials import Judge, revision_trial
 
 pytestmark = pytest.mark.bench
 
@@ -37,42 +34,19 @@ SP_OLD = SamplingParams(max_tokens=96, **GREEDY)
 SP_NEW = SamplingParams(max_tokens=16, logprobs=5, **GREEDY)
 
 
-async def path_trial(eng, scope, prompt, revised, *, frontier=None, drafts=False, out_tokens=None,
-                     contract: Contract = Contract()) -> Trial:
-    """Submit, wait for the engine-visible moment (writer frontier / drafts accepted / tokens generated), SUPERSEDE,
-    collect both versions."""
-    await reset_prefix_cache(eng)
-    await eng.submit(scope, prompt, SP_OLD)
-    old_task = asyncio.ensure_future(collect(eng, scope, 0))
-    if frontier is not None:
-        st = await wait_engine(eng, scope, frontier=frontier, epoch=0)
-    elif drafts:
-        st = await wait_drafts(eng, scope, accepted=1, out_tokens=out_tokens or 0, epoch=0)
-    else:
-        st = await wait_engine(eng, scope, out_tokens=out_tokens, epoch=0)
-    before = eng.stats()["obsolete_tokens_published"]
-    tr = await eng.supersede(scope, 0, revised, SP_NEW, contract=contract)
-    new = await collect(eng, scope, 1)
-    old = await old_task
-    t = Trial(eng.policy, scope, eng.stats()["obsolete_tokens_published"] - before, tr.successor_ttft,
-              int(tr.inherited_tokens or 0), tr.fence_latency, 0.0, int(st["frontier"]) if st else -1, old, new, tr)
-    t.drafted = int(st.get("drafted", 0)) if st else 0
-    return t
-
-
 PATHS = {
     # key: (engine shape, prompt(seed), revised(prompt, seed), trial kwargs)
     "spec-prefill": ("unit-spec", lambda s: repo_prompt(1900, s), lambda p, s: revise(p, 1700, 1800, s),
                      dict(frontier=256)),
     "spec-active": ("unit-spec", lambda s: repo_prompt(600, s), lambda p, s: revise(p, 560, 600, s),
-                    dict(drafts=True, out_tokens=8)),
+                    dict(drafts=True, lag=8)),
     "hybrid": ("hybrid", lambda s: tokens(1900, s), lambda p, s: revise(p, 1800, 1850, s), dict(frontier=256)),
     # long steps (2048 tokens), where the in-step safe points can bound FENCE below one step
     "spec-prefill-long": ("long-spec", lambda s: repo_prompt(8192, s), lambda p, s: revise(p, 2304, 2560, s),
                           dict(frontier=2048)),
     "hybrid-2k": ("hybrid-2k", lambda s: tokens(4000, s), lambda p, s: revise(p, 2304, 2560, s),
                   dict(frontier=2048)),
-    "tp2": ("unit-tp2", lambda s: tokens(600, s), lambda p, s: revise(p, 560, 580, s), dict(out_tokens=2)),
+    "tp2": ("unit-tp2", lambda s: tokens(600, s), lambda p, s: revise(p, 560, 580, s), dict(lag=2)),
     # contract paths on the unit engine (256-token steps), revision mid-prefill; native arms ignore the contract
     "exact": ("unit", lambda s: tokens(1900, s), lambda p, s: revise(p, 1700, 1800, s),
               dict(frontier=512, contract=Contract(mode="exact"))),
@@ -95,7 +69,7 @@ def test_bench_fence_per_path(benchmark, facades, runner, path):
         revised = mk_revised(prompt, 900 + i)
         res = {}
         for arm in paired.order(i):
-            t = await path_trial(fs[arm], f"{path}{i}", prompt, revised, **kw)
+            t = await revision_trial(fs[arm], f"{path}{i}", prompt, revised, SP_OLD, SP_NEW, **kw)
             t.ok, t.verdict = await judge.check(arm, revised, SP_NEW, t.new, t.reused)
             res[arm] = t
         paired.add(i, res)

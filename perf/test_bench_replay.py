@@ -72,6 +72,7 @@ def _facade(fs, arm):
     return fs["retire"] if arm == "ideal" else fs[arm]
 
 
+@pytest.mark.timeout(3 * 1800)  # rounds are bounded at 1800 s each (long shape); pytest-timeout's 900 s would cut them
 @pytest.mark.parametrize("shape", ["unit", pytest.param("long", marks=pytest.mark.slow)])
 def test_bench_replay_recorded_burst(benchmark, facades, runner, shape):
     fs, oracle = facades(shape, "native-cold", "native-prefix", "retire")
@@ -132,7 +133,8 @@ def test_bench_replay_recorded_burst(benchmark, facades, runner, shape):
         "cleanup <= 10 ms (median)": retire_cleanup <= TARGETS["cleanup_latency_s_retire"]}
     # structural facts only (timing targets are reported, never asserted)
     assert sum(ei["obsolete_tokens_published[retire]"]["per_trial"]) == 0
-    assert all(t.m["obsolete_tokens_published"] == t.m["facade_obsolete_counter"]
+    # consumer's clock (from the call) vs the facade's counter (from its ADVANCE): the outside count is never lower
+    assert all(t.m["obsolete_tokens_published"] >= t.m["facade_obsolete_counter"]
                for r in paired.all for t in r.values())
     assert all(t["retire"].m["final_versions_advanced"] == t["retire"].m["final_versions_total"]
                for t in paired.rounds)
@@ -150,6 +152,7 @@ DURATION = 20.0
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # 30 cells in one pedantic round, bounded at 3600 s by its own runner call
 def test_bench_replay_rate_matrix(benchmark, facades, runner):
     fs, oracle = facades("unit", "native-prefix", "retire")
     rows, rejected = [], []

@@ -7,8 +7,9 @@ Invariants:
   engine refusal) changes nothing here.
 - SUPERSEDEs of one scope are serialized (`lock`): of two concurrent calls naming the same expected epoch, exactly
   one can win; the other sees the new epoch and gets `StaleEpoch`.
-- While a transition of a version is in flight (`pending`), that version's consumers publish nothing: if the
-  engine accepts, the version is revoked and its held frames are dropped; if it refuses, they are delivered.
+- From the instant a SUPERSEDE of a version is called until the engine's verdict (`hold`/`unhold`, taken
+  synchronously at the call, before its first await), that version's consumers publish nothing: if the engine
+  accepts, the version is revoked and its held frames are dropped; if it refuses, they are delivered.
 - Identities are typed: `key(tenant, scope)` is a `ScopeKey` with this facade's namespace, never a joined string.
 """
 from __future__ import annotations
@@ -38,11 +39,29 @@ class Version:
     obsolete_published: int = 0
     transition: Any = None  # the Transition that created this version (None for epoch 0)
     consumers: int = 0      # streams currently reading this version
-    pending: asyncio.Future | None = None  # a SUPERSEDE of this version is in flight: publication waits on it
+    holds: int = 0          # SUPERSEDE calls of this version in flight: publication waits while > 0
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.released.set()
 
     @property
     def revoked(self) -> bool:
         return self.revoked_at is not None
+
+    def hold(self) -> None:
+        """A SUPERSEDE of this version was called: its consumers publish nothing until the engine's verdict."""
+        self.holds += 1
+        self.released.clear()
+
+    def unhold(self) -> None:
+        self.holds -= 1
+        if self.holds == 0:
+            self.released.set()
+
+    async def settled(self) -> None:
+        while self.holds:
+            await self.released.wait()
 
     @property
     def external_id(self) -> str:

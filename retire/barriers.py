@@ -28,7 +28,7 @@ class HoldSuccessor:
 
 class LandInStep:
     """Land a SUPERSEDE at an exact safe point: hold the worker at decoder layer `layer` of the next armed (long)
-    step, let the test issue the SUPERSEDE (its mailbox entry is posted before its ADD is sent), then release.
+    step (of the next one that runs internal request `req_id`, when given: another tenant's step passes), let the test issue the SUPERSEDE (its mailbox entry is posted before its ADD is sent), then release.
 
         async with LandInStep(eng, layer=4) as land:
             await land.paused()                       # the worker is inside the step, at layer 4
@@ -37,12 +37,12 @@ class LandInStep:
         tr = await task                               # leaving the block released the worker
     """
 
-    def __init__(self, eng, layer: int):
+    def __init__(self, eng, layer: int, req_id: str | None = None):
         self.mb = eng.backend.mailbox
-        self.layer = layer
+        self.layer, self.req_id = layer, req_id
 
     async def __aenter__(self) -> "LandInStep":
-        self.mb.arm_pause(self.layer)
+        self.mb.arm_pause(self.layer, self.req_id)
         return self
 
     async def paused(self, timeout: float = 300.0) -> None:
@@ -72,7 +72,7 @@ class LandInStep:
                 raise TimeoutError("worker never left the pause")
             await asyncio.sleep(0.001)
         self.layer = layer
-        self.mb.arm_pause(layer)
+        self.mb.arm_pause(layer, self.req_id)
         await self.paused(timeout)
 
     async def __aexit__(self, *exc) -> None:

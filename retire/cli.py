@@ -1,5 +1,6 @@
-"""The `retire` console entry point: `retire demo`, `retire conform --json OUT`, `retire report RESULTS.json`,
-`retire traces ...`."""
+"""The `retire` console entry point: `retire demo`, `retire conform [--vllm SPEC] --json OUT`,
+`retire seams --vllm SPEC [--json OUT]`, `retire compat FILE...`, `retire report RESULTS.json`, `retire traces ...`,
+`retire serve MODEL [vLLM engine flags] [--policy P] [--api-keys FILE] [--host H --port P]` (docs/serve.md)."""
 from __future__ import annotations
 
 import sys
@@ -14,11 +15,20 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "conform":
         from .conform import main as run
         return run(rest)
+    if cmd == "seams":
+        from .seamcheck import main as run
+        return run(rest)
+    if cmd == "compat":
+        from .compat import main as run
+        return run(rest)
     if cmd == "demo":
         from .demo import main as run
         return run(rest) or 0
     if cmd == "report":
         from .report import main as run
+        return run(rest) or 0
+    if cmd == "serve":
+        from .serve.cli import main as run
         return run(rest) or 0
     if cmd == "traces":
         from .traces.cli import main as run

@@ -21,7 +21,9 @@ pair per repeat. Every trial starts from an empty prefix cache, so no arm reuses
 The printed table and results/demo.json report medians over the repeats. "wall" is SUPERSEDE call -> successor's last
 token dequeued (the slow consumer's 50 ms/frame applies to the successor's frames too, equally for every policy).
 
-The trial drivers here (`revision_trial`, `Judge`) are reused by the benchmarks in perf/.
+The trial driver, the judge, the warm-ups, the prompts and the engine shapes are the shared, packaged ones in
+`retire.trials` (perf and conformance use the same). `retire demo --help` lists the options (`--sections`,
+`--repeats`, `--out`); `make run` runs everything.
 """
 from __future__ import annotations
 
@@ -32,17 +34,10 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Sequence
 
-# vLLM's WARNING level still prints ~20 lines per engine (eager mode, Triton, tcmalloc...): the demo shows errors only
-# unless RETIRE_DEMO_VERBOSE=1. Child processes inherit the environment.
-if os.environ.get("RETIRE_DEMO_VERBOSE") != "1":
-    os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"
-    os.environ.setdefault("PYTHONWARNINGS", "ignore")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from .trials import Judge, Trial, oracle_warmup, revision_trial, warm_prefill, warmup
 
 POLICY_ORDER = ("native-cold", "native-prefix", "retire")
 REPEATS = 3
@@ -54,148 +49,6 @@ _T0 = now()
 
 def log(msg: str) -> None:
     print(f"[{now() - _T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
-
-
-# ---------------------------------------------------------------------------------------------- trial driver
-@dataclass
-class Trial:
-    policy: str
-    scope: str
-    obsolete: int                 # tokens of epoch 0 yielded to the consumer after supersede() was called
-    ttft: float | None            # Transition.successor_ttft: supersede call -> first non-empty successor frame
-    reused: int                   # Transition.inherited_tokens (native-prefix: vLLM's num_cached_tokens)
-    fence: float | None           # Transition.fence_latency: ADVANCE -> last old writer closed
-    wall: float                   # supersede call -> successor's last frame dequeued
-    frontier_at_call: int         # engine frontier of the old version seen by the barrier's last poll
-    old: Any = None               # oracles.Run of what the old consumer received
-    new: Any = None               # oracles.Run of the successor
-    transition: Any = None
-    verdict: str = ""
-    ok: bool | None = None
-
-    @property
-    def fence_path(self) -> str:
-        """How the old writer was closed: "step-boundary" / "safe-point" (retire receipts) or "native-abort"."""
-        rs = getattr(self.transition, "receipts", ()) or ()
-        return rs[0].path if rs else "native-abort"
-
-    def row(self) -> dict:
-        tr = self.transition
-        return {"policy": self.policy, "scope": self.scope, "obsolete_tokens_published": self.obsolete,
-                "successor_ttft_s": self.ttft, "tokens_reused": self.reused, "fence_latency_s": self.fence, "fence_path": self.fence_path,
-                "wall_s": self.wall, "frontier_at_call": self.frontier_at_call,
-                "cold_reason": getattr(tr, "cold_reason", None), "verdict": self.verdict, "ok": self.ok,
-                "successor_tokens": list(self.new.tokens) if self.new is not None else None}
-
-
-async def reset_prefix_cache(eng) -> bool:
-    """Start every trial from an empty prefix cache, so one arm never reuses another arm's blocks."""
-    return bool(await eng.backend.reset_prefix_cache())
-
-
-async def revision_trial(eng, scope: str, prompt: list[int], revised: list[int], sp_old, sp_new, *,
-                         frontier: int | None = None, after_tokens: int = 0, lag: int = 0, contract=None,
-                         reset_cache: bool = True) -> Trial:
-    """Submit `prompt`, consume it, SUPERSEDE with `revised` at the chosen engine-visible moment, follow the successor
-    at once (concurrently with the old consumer draining), and return what happened.
-
-    Revision moment: `frontier` given -> once the engine's writer frontier of the old version is >= frontier
-    (mid-prefill); otherwise once the consumer received `after_tokens` tokens and the engine generated `lag` more."""
-    from oracles.runs import collect
-    from retire.barriers import wait_engine
-    from retire.types import Contract
-
-    if reset_cache and not await reset_prefix_cache(eng):
-        log(f"  warning: prefix cache reset refused before {scope} (blocks still in use)")
-    await eng.submit(scope, prompt, sp_old)
-    got = {"n": 0}
-    reached = asyncio.Event()
-
-    def on_frame(f):
-        got["n"] += len(f.token_ids)
-        if got["n"] >= after_tokens:
-            reached.set()
-
-    old_task = asyncio.ensure_future(collect(eng, scope, 0, on_frame=on_frame))
-    if frontier is not None:
-        st = await wait_engine(eng, scope, frontier=frontier, epoch=0)
-    else:
-        if after_tokens > 0:
-            waiter = asyncio.ensure_future(reached.wait())
-            await asyncio.wait([old_task, waiter], return_when=asyncio.FIRST_COMPLETED)
-            waiter.cancel()
-        st = await wait_engine(eng, scope, out_tokens=got["n"] + lag, epoch=0)
-    seen = int(st["frontier"]) if st else -1  # -1: the old version had already left the scheduler
-    before = eng.stats()["obsolete_tokens_published"]
-    t_call = now()
-    tr = await eng.supersede(scope, 0, revised, sp_new, contract=contract or Contract())
-    new_task = asyncio.ensure_future(collect(eng, scope, 1))
-    new = await new_task
-    wall = now() - t_call
-    old = await old_task
-    obsolete = eng.stats()["obsolete_tokens_published"] - before
-    reused = int(tr.inherited_tokens or 0)
-    return Trial(eng.policy, scope, obsolete, tr.successor_ttft, reused, tr.fence_latency, wall, seen, old, new, tr)
-
-
-# ---------------------------------------------------------------------------------------------- oracle verdicts
-class Judge:
-    """Checks a successor against clean oracle runs (cached per revised prompt and reused length).
-
-    Rules: exact against the mode-matched reference (`clean_run` if nothing was reused, else
-    `clean_prefix_run(revised[:reused], revised)` provided the oracle also reused exactly that much); native-cold must
-    pass that; the other policies may instead pass the logprob-closeness rule against `clean_run` ("tolerant")."""
-
-    def __init__(self, oracle, block_size: int = 32, *, same_shape: bool = True):
-        """`same_shape=False` when the subject runs a prefill unit the oracle engine cannot reproduce (a unit set at
-        run time with `set_step_tokens` above the oracle's chunk): the exact rule then does not apply to anyone, and
-        native-cold is judged by the closeness rule like the other policies."""
-        self.oracle = oracle
-        self.block = block_size
-        self.same_shape = same_shape
-        self._clean: dict = {}
-        self._prefix: dict = {}
-
-    async def clean(self, revised, sp):
-        k = (tuple(revised), repr(sp))
-        if k not in self._clean:
-            self._clean[k] = await self.oracle.clean_run(revised, sp)
-        return self._clean[k]
-
-    async def prefix(self, revised, n: int, sp):
-        k = (tuple(revised), n, repr(sp))
-        if k not in self._prefix:
-            self._prefix[k] = await self.oracle.clean_prefix_run(revised[:n], revised, sp)
-        return self._prefix[k]
-
-    async def check(self, policy: str, revised, sp, new, reused: int) -> tuple[bool, str]:
-        from oracles import compare_logprobs_close, compare_tokens
-
-        if len(new.tokens) != sp.max_tokens:
-            return False, f"FAIL: successor produced {len(new.tokens)} of {sp.max_tokens} tokens"
-        exact_detail = ""
-        if reused == 0:
-            v = compare_tokens(subject=new, oracle=await self.clean(revised, sp), subject_name=policy,
-                               oracle_name="clean_run")
-            if v:
-                return True, "exact vs clean_run"
-            exact_detail = v.detail
-        elif reused % self.block == 0 and reused < len(revised):
-            ref = await self.prefix(revised, reused, sp)
-            if ref.inherited_tokens == reused:
-                v = compare_tokens(subject=new, oracle=ref, subject_name=policy, oracle_name="clean_prefix_run")
-                if v:
-                    return True, f"exact vs clean_prefix_run[:{reused}]"
-                exact_detail = v.detail
-            else:
-                exact_detail = f"oracle reused {ref.inherited_tokens}, not {reused}"
-        if policy == "native-cold" and self.same_shape:
-            return False, f"FAIL exact: {exact_detail}"
-        v = compare_logprobs_close(subject=new, oracle=await self.clean(revised, sp), subject_name=policy,
-                                   oracle_name="clean_run")
-        if v:
-            return True, "tolerant vs clean_run"
-        return False, f"FAIL: {v.detail} (exact: {exact_detail})"
 
 
 # ---------------------------------------------------------------------------------------------- summaries
@@ -249,26 +102,20 @@ def _i(x):
 
 # ---------------------------------------------------------------------------------------------- scenarios
 async def open_engines(key: str):
-    from conformance.fixtures.engines import shape_kwargs, warmup
     from oracles.runs import OracleEngine
-    from retire.engine import RetireEngine
+
+    from .engine import RetireEngine
+    from .trials.shapes import shape_kwargs
 
     path, shape = shape_kwargs(key)
     t0 = now()
     base = RetireEngine(path, "retire", **shape)
     oracle = OracleEngine(path, **shape)
     await warmup(base)
-    await _oracle_warmup(oracle)
+    await oracle_warmup(oracle)
     facades = {p: base.with_policy(p) for p in POLICY_ORDER}
     log(f"[{key}] subject + oracle engines up in {now() - t0:.1f}s ({shape})")
     return base, facades, oracle, shape
-
-
-async def _oracle_warmup(oracle) -> None:
-    from vllm import SamplingParams
-
-    await oracle.clean_run(list(range(3, 43)), SamplingParams(max_tokens=4, temperature=0, ignore_eos=True,
-                                                              logprobs=2))
 
 
 async def close_engines(base, facades, oracle) -> None:
@@ -278,14 +125,15 @@ async def close_engines(base, facades, oracle) -> None:
     oracle.shutdown()
 
 
-async def run_section(sid: str, title: str, key: str, make_case, trial_kwargs: dict, sp_old, sp_new) -> dict:
+async def run_section(sid: str, title: str, key: str, make_case, trial_kwargs: dict, sp_old, sp_new,
+                      repeats: int = REPEATS) -> dict:
     base, facades, oracle, shape = await open_engines(key)
     judge = Judge(oracle, base.backend.block_size)
     trials: list[Trial] = []
     try:
         # untimed: one full prefill unit and a decode step, so first-shape costs stay out of the figures
         await warm_prefill(base, base.backend.chunk)
-        for r in range(REPEATS):
+        for r in range(repeats):
             prompt, revised = make_case(r)
             order = POLICY_ORDER[r % 3:] + POLICY_ORDER[:r % 3]  # interleaved, rotating which policy goes first
             for p in order:
@@ -294,7 +142,7 @@ async def run_section(sid: str, title: str, key: str, make_case, trial_kwargs: d
                     t = await revision_trial(eng, f"{sid}-{r}", prompt, revised, sp_old, sp_new, **trial_kwargs)
                 t.ok, t.verdict = await judge.check(p, revised, sp_new, t.new, t.reused)
                 trials.append(t)
-                log(f"[{sid} {r + 1}/{REPEATS}] {p:13s} obsolete={t.obsolete:3d} ttft={_f(t.ttft)}s "
+                log(f"[{sid} {r + 1}/{repeats}] {p:13s} obsolete={t.obsolete:3d} ttft={_f(t.ttft)}s "
                     f"reused={t.reused:5d} fence={_f(t.fence)}s ({t.fence_path}) wall={t.wall:.2f}s frontier@call={t.frontier_at_call}"
                     f" -> {t.verdict}")
         for f in facades.values():
@@ -305,72 +153,75 @@ async def run_section(sid: str, title: str, key: str, make_case, trial_kwargs: d
             "trials": [t.row() for t in trials]}
 
 
-async def warm_prefill(eng, chunk: int) -> None:
-    from vllm import SamplingParams
-
-    from conformance.fixtures.prompts import repo_prompt
-    from oracles.runs import collect
-
-    scope = f"__warm_prefill_{chunk}__"
-    await eng.submit(scope, repo_prompt(chunk + 64, 4242), SamplingParams(max_tokens=2, temperature=0,
-                                                                          ignore_eos=True))
-    await collect(eng, scope)
-
-
 def _slow(eng):
-    from retire.faults import SlowConsumer
+    from .faults import SlowConsumer
 
     return SlowConsumer(0.05).on(eng)
 
 
-async def main() -> dict:
-    from vllm import SamplingParams
-
-    from conformance.fixtures.engines import SHAPES
-    from conformance.fixtures.prompts import repo_prompt, revise
-
-    t0 = now()
-    sp_new = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=5)
-    sp_old = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
+def sections_spec(sp_old, sp_new) -> dict:
+    """Section id -> (title, engine shape, case builder(repeat) -> (prompt, revised), revision moment)."""
+    from .trials.prompts import repo_prompt, revise
+    from .trials.shapes import SHAPES
 
     chunk = SHAPES["long"]["max_num_batched_tokens"]
-    n_long = 8192
+    n_long, n_unit = 8192, 1024
 
     def long_case(repeat):
-        # one prompt pair for the 3 repeats (each trial starts from an empty prefix cache): its two 8K oracle runs
-        # are computed once, which keeps the demo inside its time budget on a 2-core machine
+        # one prompt pair for the repeats (each trial starts from an empty prefix cache): its two 8K oracle runs are
+        # computed once, which keeps the demo inside its time budget on a 2-core machine
         p = repo_prompt(n_long, 0)
         return p, revise(p, int(0.9 * n_long), n_long, 0)
-
-    n_unit = 1024
 
     def unit_case(seed):
         p = repo_prompt(n_unit, 100 + seed)
         return p, revise(p, int(0.9 * n_unit), n_unit, 100 + seed)
 
-    sections = []
-    sections.append(await run_section(
-        "mid-prefill", f"A: revision mid-prefill (long, {n_long}-token repo prompt, 90% shared, SUPERSEDE at frontier >= {chunk})",
-        "long", long_case, {"frontier": chunk}, sp_old, sp_new))
-    sections.append(await run_section(
-        "during-decode", f"B: revision during decode (unit, {n_unit}-token repo prompt, 90% shared, SUPERSEDE after the consumer got "
-        f"3 tokens and the engine produced 4 more)",
-        "unit", unit_case, {"after_tokens": 3, "lag": 4}, sp_old, sp_new))
+    return {
+        "mid-prefill": (f"A: revision mid-prefill (long, {n_long}-token repo prompt, 90% shared, SUPERSEDE at "
+                        f"frontier >= {chunk})", "long", long_case, {"frontier": chunk}),
+        "during-decode": (f"B: revision during decode (unit, {n_unit}-token repo prompt, 90% shared, SUPERSEDE after "
+                          f"the consumer got 3 tokens and the engine produced 4 more)", "unit", unit_case,
+                          {"after_tokens": 3, "lag": 4}),
+    }
+
+
+async def run(sections: Sequence[str] = ("mid-prefill", "during-decode"), repeats: int = REPEATS,
+              out: str | Path | None = None) -> dict:
+    """Run the chosen sections, print their tables, write the JSON document (default results/demo.json)."""
+    from vllm import SamplingParams
+
+    t0 = now()
+    sp_new = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=5)
+    sp_old = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
+    spec = sections_spec(sp_old, sp_new)
+    done = []
+    for sid in sections:
+        title, key, make_case, moment = spec[sid]
+        done.append(await run_section(sid, title, key, make_case, moment, sp_old, sp_new, repeats))
     total = now() - t0
 
     print()
-    for s in sections:
+    for s in done:
         print(table(s["scenario"], s["summary"]))
         print()
-    print("obsolete tokens: sum over the 3 repeats (per repeat); TTFT, reused, wall: medians; wall = SUPERSEDE call ->"
-          " successor's last token dequeued.")
+    print(f"obsolete tokens: sum over the {repeats} repeats (per repeat), counted by the consumer's clock against the "
+          "SUPERSEDE call; TTFT, reused, wall: medians; wall = SUPERSEDE call -> successor's last token dequeued.")
     print(f"total demo wall time: {total:.1f}s")
     sys.stdout.flush()
+    doc = _document(done, repeats, total)
+    path = Path(out) if out else Path(__file__).resolve().parent.parent / "results" / "demo.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2, default=str))
+    print(f"wrote {path}")
+    return doc
 
+
+def _document(sections: list[dict], repeats: int, total: float) -> dict:
     import torch
     import vllm
 
-    doc = {"demo": "coding-agent revision", "repeats": REPEATS, "policies": list(POLICY_ORDER),
+    doc = {"demo": "coding-agent revision", "repeats": repeats, "policies": list(POLICY_ORDER),
            "slow_consumer_s_per_frame": 0.05, "successor": {"max_tokens": 16, "greedy": True, "logprobs": 5},
            "sections": sections, "total_wall_s": total,
            "versions": {"vllm": vllm.__version__, "torch": torch.__version__, "python": platform.python_version()},
@@ -379,11 +230,43 @@ async def main() -> dict:
     doc["failed"] = sum(1 for s in sections for t in s["trials"] if not t["ok"])
     doc["retire_obsolete"] = sum(r["obsolete_tokens_published"] for s in sections for r in s["summary"]
                                  if r["policy"] == "retire")
-    out = Path(__file__).resolve().parent.parent / "results" / "demo.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2, default=str))
-    print(f"wrote {out}")
     return doc
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`retire demo [--sections A,B] [--repeats N] [--out PATH]` (also `python -m retire.demo`). Exit status 1 when a
+    successor failed its oracle or retire published an obsolete token."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="retire demo", description="the side-by-side revision demo "
+                                 "(native-cold | native-prefix | retire) on the local tiny models")
+    ap.add_argument("--sections", default="mid-prefill,during-decode",
+                    help="comma-separated: mid-prefill (long model, ~3 min), during-decode (unit model, ~1 min)")
+    ap.add_argument("--repeats", type=int, default=REPEATS, help="trials per policy and section")
+    ap.add_argument("--out", default=None, help="JSON document path (default results/demo.json)")
+    args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
+    _quiet_environment()
+    chosen = [s for s in args.sections.split(",") if s]
+    known = ("mid-prefill", "during-decode")
+    bad = [s for s in chosen if s not in known]
+    if bad or not chosen or args.repeats < 1:
+        ap.error(f"sections must be among {known} and repeats >= 1 (got {chosen}, {args.repeats})")
+    result = asyncio.run(run(chosen, args.repeats, args.out))
+    if result["failed"] or result["retire_obsolete"]:
+        print(f"DEMO CHECK FAILED: {result['failed']} successor(s) failed their oracle, "
+              f"retire published {result['retire_obsolete']} obsolete tokens", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _quiet_environment() -> None:
+    """vLLM's WARNING level still prints ~20 lines per engine (eager mode, Triton, tcmalloc...): the demo shows errors
+    only unless RETIRE_DEMO_VERBOSE=1. Set before the engines start (their child processes inherit it)."""
+    if os.environ.get("RETIRE_DEMO_VERBOSE") != "1":
+        os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"
+        os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def _mem_gb() -> float | None:
@@ -396,8 +279,4 @@ def _mem_gb() -> float | None:
 
 
 if __name__ == "__main__":
-    result = asyncio.run(main())
-    if result["failed"] or result["retire_obsolete"]:
-        print(f"DEMO CHECK FAILED: {result['failed']} successor(s) failed their oracle, "
-              f"retire published {result['retire_obsolete']} obsolete tokens", file=sys.stderr)
-        sys.exit(1)
+    sys.exit(main())

@@ -154,6 +154,16 @@ class RetireEngine:
         except RetireError:
             self.counters["refused"] += 1
             raise
+        held = s.current
+        held.hold()  # synchronously at the call: nothing of this version is published until the engine's verdict
+        try:
+            return await self._supersede_locked(s, tenant, scope, expected_epoch, toks, sampling_params, contract,
+                                                cache_salt, t_call)
+        finally:
+            held.unhold()
+
+    async def _supersede_locked(self, s: Scope, tenant: str, scope: str, expected_epoch: int, toks: list[int],
+                                sampling_params, contract: Contract, cache_salt, t_call: float) -> Transition:
         async with s.lock:  # SUPERSEDEs of one scope are serialized: of two with one expected epoch, one wins
             try:
                 self.table.check(tenant, scope, expected_epoch)
@@ -184,8 +194,7 @@ class RetireEngine:
         old = s.current
         if tag.supersede.posted is not None:
             self._post_revocation(old, succ.prompt, contract)
-        old.pending = asyncio.get_running_loop().create_future()
-        accepted = False
+        old.hold()  # (the caller's hold ends when the call returns; this one when the verdict is mirrored)
         try:
             await self.backend.send(prep)
             res = await self.backend.result(tag.key)
@@ -195,12 +204,10 @@ class RetireEngine:
                 raise REFUSALS.get(res.refused_kind if res else None, SupersedeRefused)(
                     f"engine refused the SUPERSEDE: {res.refused if res else 'no result'}")
             self.table.advance(s, tag.supersede.expected_epoch, succ)  # mirror the engine's ADVANCE
-            accepted = True
             if self.seams.gates:
                 self.backend.drop_local(old.internal_id)  # gate (b)
         finally:
-            fut, old.pending = old.pending, None
-            fut.set_result(accepted)
+            old.unhold()
         succ.t_submit = now()
         self._advanced(s)
         tr = self._retire_transition(s.scope, succ.epoch, res, t_call)
@@ -263,9 +270,11 @@ class RetireEngine:
         return tr
 
     async def stream(self, scope: str, epoch: int | None = None, tenant: str = "default") -> AsyncIterator[Frame]:
-        """Yield one version's frames. A revoked version ends with one empty Frame(revoked=True, finished=True)."""
-        async for frame, _ in self.stream_outputs(scope, epoch, tenant):
-            yield frame
+        """Yield one version's frames. A revoked version ends with one empty Frame(revoked=True, finished=True).
+        Closing this stream closes the inner one at once (the version's consumer slot is free again)."""
+        async with contextlib.aclosing(self.stream_outputs(scope, epoch, tenant)) as items:
+            async for frame, _ in items:
+                yield frame
 
     async def stream_outputs(self, scope: str, epoch: int | None = None,
                              tenant: str = "default") -> AsyncIterator[tuple[Frame, object | None]]:
@@ -281,8 +290,9 @@ class RetireEngine:
             raise InvalidRequest(f"scope {scope!r} epoch {v.epoch} already has a consumer")
         v.consumers += 1
         try:
-            async for item in publish(self, v):
-                yield item
+            async with contextlib.aclosing(publish(self, v)) as items:
+                async for item in items:
+                    yield item
         finally:
             v.consumers -= 1
 
@@ -339,6 +349,26 @@ class RetireEngine:
                 continue
             async for _ in self.stream(v.scope, v.epoch, v.tenant):
                 pass
+
+    @property
+    def engine_client(self):
+        """The vLLM `EngineClient` (AsyncLLM) this facade runs on, for code that builds on vLLM's own serving layer
+        (model config, renderer, tokenizer, health, metrics, unscoped requests). Requests for scopes must go through
+        the facade."""
+        return self.backend.llm
+
+    async def cancel(self, scope: str, epoch: int | None = None, tenant: str = "default") -> None:
+        """End the current version of a scope as vLLM ends a request whose client went away (an ABORT; the scope
+        keeps its epoch, and a later SUPERSEDE of it starts from a finished predecessor). Refused with `StaleEpoch`
+        if `epoch` is given and is no longer current, so a cancel can never overtake a SUPERSEDE."""
+        self._check_open()
+        s = self.table.get(tenant, scope)
+        if epoch is not None and epoch != s.epoch:
+            raise StaleEpoch(f"scope {scope!r}: cancel of epoch {epoch}, current is {s.epoch}")
+        v = s.current
+        if not v.finished:
+            await self.backend.abort(v.internal_id)
+            self.counters["cancelled"] += 1
 
     async def reset_seams(self) -> None:
         """Restore every test switch and fault hook to production behaviour: this facade's, and the engine's (shared

@@ -23,7 +23,7 @@ from .shm import SharedFile, create_file
 SLOTS = 256
 ENTRY = struct.Struct("<QQqq16s")  # seq, live, lcp, new_len, key
 SLOT = ENTRY.size
-HDR = 64                         # control: pause_layer (i64), paused (i64), release (i64), cuts (i64), checks (i64)
+HDR = 64                         # control: pause_layer, paused, release, cuts, checks, pause_for (i64 each)
 LOG = 1024                       # last safe-point decision, JSON, length-prefixed
 SIZE = HDR + SLOTS * SLOT + LOG
 ENV = "RETIRE_MAILBOX"
@@ -36,6 +36,11 @@ def create_path() -> str:
 def key(req_id: str) -> bytes:
     """The fixed-size mailbox key of a request id (sha256 of the whole id, 16 bytes)."""
     return hashlib.sha256(req_id.encode()).digest()[:16]
+
+
+def _word(kb: bytes) -> int:
+    """A mailbox key as one header word (its first 8 bytes), for the pause filter; never 0."""
+    return struct.unpack_from("<q", kb)[0] or 1
 
 
 class Mailbox(SharedFile):
@@ -99,10 +104,11 @@ class Mailbox(SharedFile):
         mm = self.mm
         return any(mm[HDR + k * SLOT + 8] for k in range(SLOTS))
 
-    # -- test barrier: hold the worker at layer L of the next armed step
-    def arm_pause(self, layer: int) -> None:
+    # -- test barrier: hold the worker at layer L of the next armed step (that runs `req_id`, when given)
+    def arm_pause(self, layer: int, req_id: str | None = None) -> None:
         self._set(2, 0)
         self._set(1, 0)
+        self._set(5, _word(key(req_id)) if req_id is not None else 0)
         self._set(0, layer + 1)
 
     def paused(self) -> bool:
@@ -121,9 +127,14 @@ class Mailbox(SharedFile):
                 raise TimeoutError("worker never reached the armed safe point")
             await asyncio.sleep(0.001)  # polling a shared word; the barrier is the worker's state, not time
 
-    def worker_pause_point(self, layer: int) -> None:
-        """Called by the worker at each safe point: blocks here while a pause is armed for this layer."""
+    def worker_pause_point(self, layer: int, step_keys=()) -> None:
+        """Called by the worker at each safe point of a step running the requests whose mailbox keys are `step_keys`:
+        blocks here while a pause is armed for this layer (and, if armed for one request, the step runs it). A step
+        of another request passes, so a pause meant for one request never lands in someone else's step."""
         if self._get(0) != layer + 1:
+            return
+        want = self._get(5)
+        if want and want not in {_word(k) for k in step_keys}:
             return
         self._set(0, 0)
         self._set(1, 1)

@@ -2,7 +2,7 @@
 
 Invariants (policy "retire", gates on):
 - No token of a version is yielded after its successor's SUPERSEDE was called and accepted. While a SUPERSEDE of the
-  version is in flight (`Version.pending`), a dequeued frame waits for its outcome: accepted, it is dropped (the
+  version is in flight (`Version.hold`, from the call on), a dequeued frame waits for its outcome: accepted, it is dropped (the
   version is revoked); refused, it is delivered. Frames already queued when the version was revoked are counted as
   suppressed, never yielded (gate (c)); frames still in flight from EngineCore are dropped at entry because the
   revoked request was forgotten by the output processor (gate (b), in the facade).
@@ -12,7 +12,6 @@ Invariants (policy "retire", gates on):
 """
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import AsyncIterator
 
@@ -20,11 +19,6 @@ from .authority import Version
 from .types import Frame
 
 now = time.monotonic
-
-
-async def _settled(v: Version) -> None:
-    if v.pending is not None:
-        await asyncio.shield(v.pending)
 
 
 def _frame(v: Version, out, toks: tuple, finished: bool, aborted: bool) -> Frame:
@@ -41,7 +35,7 @@ async def publish(eng, v: Version) -> AsyncIterator[tuple[Frame, object | None]]
     gated = eng.policy == "retire" and eng.seams.gates
     while not v.finished:
         q = v.collector
-        await _settled(v)
+        await v.settled()
         if gated and v.revoked:  # gate (c) before blocking: count what was queued, publish nothing
             _suppress(eng, q.get_nowait())
             yield _end_revoked(v), None
@@ -49,7 +43,7 @@ async def publish(eng, v: Version) -> AsyncIterator[tuple[Frame, object | None]]
         out = q.get_nowait() or await q.get()
         for hook in eng.seams.on_dequeue:
             out = await hook(eng, v, out)
-        await _settled(v)
+        await v.settled()
         if gated and v.revoked:  # gate (c): the frame reached dequeue after ADVANCE
             _suppress(eng, out)
             yield _end_revoked(v), None

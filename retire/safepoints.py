@@ -100,7 +100,7 @@ class SafePoints:
             a = self.armed  # hooks are registered only while an armed step runs, so this is never None here
             if a["decided"]:
                 return None
-            self.mb.worker_pause_point(i)
+            self.mb.worker_pause_point(i, a["keys"].values())
             self.mb.bump("checks")
             revoked = self.mb.revoked() if self.mb.any_live() else {}
             if revoked:

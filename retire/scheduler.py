@@ -69,4 +69,5 @@ class RetireScheduler(SchedulerCommands, Scheduler):
         dropped = v.filter_outputs(outputs, self.retire.gate)
         if dropped:
             self.retire.counters["engine_frames_suppressed"] += dropped
+        self.retire.after_gate()
         return outputs

@@ -230,6 +230,10 @@ class TransitionCore:
         for rid, start, n, plen, tables in pre:
             if not (cut and cut["chunks"].get(rid, (0, 0))[1]):
                 self.shape.observe(rid, start, n, plen, tables)
+
+    def after_gate(self) -> None:
+        """After gate (a) judged this step's outputs: forget requests that left the scheduler (a request's last
+        output is judged by its tag before the tag is dropped)."""
         if len(self.versions.tags) > len(self.port.request_ids()):
             self.prune()
 

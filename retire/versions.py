@@ -29,12 +29,13 @@ class VersionTable:
         self.tags: dict[str, RequestTag] = {}  # live or recently live request id -> its tag
 
     def register(self, req_id: str, tag: RequestTag, live) -> bool:
-        """Epoch 0 of a scope (a submit). Returns False (and registers nothing) if the scope already has a live
-        current version; `live(req_id)` says whether a request is still in the scheduler."""
+        """Epoch 0 of a scope (a submit). Returns False if the scope already has a live current version
+        (`live(req_id)`: still in the scheduler): the request is then known by its tag but never current, so gate
+        (a) commits none of its outputs and the audit reports it as a live obsolete execution."""
+        self.tags[req_id] = tag
         cur = self.current.get(tag.key.scope)
         if cur is not None and live(cur.req_id):
             return False
-        self.tags[req_id] = tag
         self.current[tag.key.scope] = Current(tag.key.epoch, req_id)
         return True
 

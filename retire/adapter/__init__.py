@@ -14,8 +14,10 @@ from functools import lru_cache
 from ..errors import SeamMissing
 from .seams import Seam, check_live, dependent
 
-# vLLM release (major.minor) -> module suffix. Versions that behave alike share a suffix.
-VERSIONS = {"0.32": "_0_32"}
+# vLLM release (major.minor) -> module suffix. Versions that behave alike share a suffix. Each entry is backed by a
+# conformance verdict (results/conform-vllm-<version>.json) or, for a release without a CPU build, by its static seam
+# report (docs/versions.md).
+VERSIONS = {"0.31": "_0_32", "0.32": "_0_32", "0.33": "_0_33"}
 
 
 def installed_version() -> str:

@@ -10,7 +10,7 @@ from .seams import ALL, seam
 SCHED = "vllm.v1.core.sched.scheduler"
 POOL = "vllm.v1.core.block_pool"
 STKM = "vllm.v1.core.single_type_kv_cache_manager"
-ENGINE_FREE = ("test_core_explore", "test_core_transition")
+ENGINE_FREE = ("test_core_explore", "test_dram_ledger")
 SAFE_POINTS = ("test_safe_points", "test_compiled_fallback", "test_long_prefill", "test_safepoint_model")
 DRAM = ("test_dram", "test_dram_ledger", "test_churn")
 
@@ -22,8 +22,8 @@ SEAMS = (
     seam("vllm.v1.engine.core:EngineCore.scheduler", note="call_utility('scheduler', cmd, payload) dispatch"),
     # ---------------------------------------------------------------- scheduler (engine process)
     seam(f"{SCHED}:Scheduler", "class"),
-    seam(f"{SCHED}:Scheduler.__init__", "method", ["vllm_config", "kv_cache_config", "structured_output_manager"],
-         guarantees=ENGINE_FREE),
+    seam(f"{SCHED}:Scheduler.__init__", "method",
+         ["vllm_config", "kv_cache_config", "structured_output_manager", "block_size"], guarantees=ENGINE_FREE),
     seam(f"{SCHED}:Scheduler.add_request", "method", ["request"]),
     seam(f"{SCHED}:Scheduler.finish_requests", "method", ["request_ids", "finished_status"]),
     seam(f"{SCHED}:Scheduler.update_from_output", "method", ["scheduler_output", "model_runner_output"]),
@@ -109,4 +109,21 @@ SEAMS = (
     seam("vllm.v1.worker.gpu_model_runner:GPUModelRunner.model", guarantees=SAFE_POINTS,
          note="decoder layers model.model.layers get the safe-point hooks"),
     seam("vllm.config.compilation:CompilationConfig.mode", guarantees=SAFE_POINTS),
+    seam("vllm.config.compilation:CompilationMode", "class", guarantees=SAFE_POINTS),
+    # ---------------------------------------------------------------- public entry points the facade builds on
+    seam("vllm.sampling_params:SamplingParams", "class"),
+    seam("vllm.sampling_params:SamplingParams.clone", "method", []),
+    seam("vllm.sampling_params:RequestOutputKind", "class"),
+    seam("vllm.engine.arg_utils:AsyncEngineArgs", "class"),
+    # ---------------------------------------------------------------- engine-free construction (no model)
+    seam("vllm.v1.request:Request", "class", guarantees=ENGINE_FREE),
+    seam("vllm.v1.request:Request.__init__", "method", ["request_id", "prompt_token_ids", "sampling_params",
+                                                        "pooling_params"], guarantees=ENGINE_FREE),
+    seam("vllm.v1.structured_output:StructuredOutputManager", "class", guarantees=ENGINE_FREE),
+    seam("vllm.v1.kv_cache_interface:KVCacheConfig", "class", guarantees=ENGINE_FREE),
+    seam("vllm.v1.kv_cache_interface:SlidingWindowSpec", "class", guarantees=ENGINE_FREE),
+    seam("vllm.v1.core.kv_cache_utils:get_request_block_hasher", "function", ["hash_block_size", "caching_hash_fn"],
+         guarantees=ENGINE_FREE),
+    seam("vllm.v1.core.kv_cache_utils:init_none_hash", "function", ["hash_fn"], guarantees=ENGINE_FREE),
+    seam("vllm.utils.hashing:get_hash_fn_by_name", "function", ["hash_fn_name"], guarantees=ENGINE_FREE),
 )

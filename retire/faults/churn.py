@@ -40,8 +40,9 @@ class Churn(Fault):
     async def inject(self, target) -> None:
         from vllm import SamplingParams
 
-        from conformance.fixtures.prompts import tokens
         from oracles.runs import collect
+
+        from ..trials.prompts import tokens
 
         await super().inject(target)
         ping = await target.backend.sched("ping")
@@ -107,11 +108,12 @@ async def churn_trial(eng, arm: str, scope: str, prompt, revised, sp_old, sp_new
     import time
 
     from oracles.runs import collect
-    from retire.align import common_prefix_len
-    from retire.barriers import wait_engine
-    from retire.demo import reset_prefix_cache
-    from retire.dram import HoldRestore
-    from retire.types import Contract
+
+    from ..align import common_prefix_len
+    from ..barriers import wait_engine
+    from ..dram import HoldRestore
+    from ..trials.warm import reset_prefix_cache
+    from ..types import Contract
 
     if arm not in ARMS:
         raise ValueError(f"unknown churn arm {arm!r}; choose one of {ARMS}")

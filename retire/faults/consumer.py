@@ -4,6 +4,10 @@
 - LateCompletion(scope, epoch): holds the first non-empty frame of (scope, epoch) between commit and dequeue, and
   releases it only after the scope has advanced past `epoch` (barrier: `eng.wait_epoch`, no sleep). A correct
   publication gate must suppress the released frame.
+- ReleaseAtCall(scope, epoch): holds the first non-empty frame of (scope, epoch) between commit and dequeue, and
+  releases it at the moment the test calls SUPERSEDE (`calling()`, just before awaiting the call), i.e. while the
+  call is still running and before the facade may have advanced. A frame the consumer receives after the call is
+  obsolete by definition (RETIRE.md §5): a correct facade publishes nothing of the epoch from the call on.
 """
 from __future__ import annotations
 
@@ -70,3 +74,36 @@ class LateCompletion(_StreamHookFault):
         self.released += 1
         return out
 
+
+
+class ReleaseAtCall(_StreamHookFault):
+    name = "release-at-call"
+    affects = frozenset({"publish"})
+    hook_point = "on_dequeue"
+
+    def __init__(self, scope: str, epoch: int = 0, tenant: str = "default"):
+        super().__init__()
+        self.scope, self.epoch, self.tenant = scope, epoch, tenant
+        self.held = asyncio.Event()  # set once a frame is held (the test's barrier for calling SUPERSEDE)
+        self._go = asyncio.Event()
+        self.released = 0
+        self.held_tokens = 0
+
+    def calling(self) -> None:
+        """The test is about to await SUPERSEDE: release the held frame (it reaches the gate during the call)."""
+        self._go.set()
+
+    async def _hook(self, eng, version, out):
+        if (version.scope, version.epoch, version.tenant) != (self.scope, self.epoch, self.tenant) or self.released:
+            return out
+        if not out.outputs or not out.outputs[0].token_ids:
+            return out
+        self.held_tokens = len(out.outputs[0].token_ids)
+        self.held.set()
+        await self._go.wait()
+        self.released += 1
+        return out
+
+    async def heal(self) -> None:
+        self._go.set()  # never leave a consumer parked in the hook
+        await super().heal()

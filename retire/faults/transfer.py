@@ -7,6 +7,10 @@
 - DramCorruption(scope, pages): flips every bit of the given pages of the scope's offloaded DRAM copy (waiting for
   restore); the restore must see a digest mismatch and select a cold recompute. Heal flips it back if the copy still
   exists.
+- TransferPressure(scope, epoch, fraction): allocation pressure inside the transfer pin window. When the restore of
+  (scope, epoch) has written its bytes into fresh blocks and before it installs them, runs `Churn(fraction)` (unique
+  prefixes totalling fraction x KV capacity) to completion; only the transfer pin keeps those blocks from being
+  reallocated. Heal removes the hook (what churn evicted from the prefix cache stays evicted).
 """
 from __future__ import annotations
 
@@ -71,4 +75,34 @@ class DramCorruption(Fault):
     async def heal(self) -> None:
         for p in self.pages:  # an involution; a no-op once the copy was dropped
             await self.target.backend.worker("retire_dram_corrupt", self.key, p)
+        await super().heal()
+
+
+class TransferPressure(Fault):
+    name = "transfer-pressure"
+    affects = frozenset({"kv.capacity", "dram.transfer"})
+
+    def __init__(self, scope: str, epoch: int, *, fraction: float = 0.5, seed: int = 0, tenant: str = "default"):
+        super().__init__()
+        from .churn import Churn
+
+        self.scope, self.epoch, self.tenant = scope, int(epoch), tenant
+        self.churn = Churn(fraction, seed=seed)
+        self.held = 0
+
+    async def _hook(self, eng, t) -> None:
+        if (t.scope, t.epoch, t.tenant) != (self.scope, self.epoch, self.tenant) or self.held:
+            return
+        self.held += 1
+        async with self.churn.on(eng):
+            pass
+
+    async def inject(self, target) -> None:
+        target.seams.dram_before_install.append(self._hook)
+        await super().inject(target)
+
+    async def heal(self) -> None:
+        hooks = self.target.seams.dram_before_install
+        if self._hook in hooks:
+            hooks.remove(self._hook)
         await super().heal()

@@ -10,9 +10,10 @@ until an arrival IS the workload, not synchronization). A scope issues its SUPER
 the epoch), so an arrival that finds the previous SUPERSEDE still in flight is issued late; the lag is recorded.
 
 Invariants of the measurement (what every figure means):
-- Authority boundary = the facade's ADVANCE (`Transition.t_call + timings["advance*"]`), as in `stats()`: a token is
-  *current* if its version was still the scope's current epoch when the consumer received it, else *obsolete*
-  (published after revocation). The driver's obsolete count is cross-checked against the facade counter.
+- Obsolete tokens are counted by the consumer's clock (`retire.trials.observe`): a token of version e is *obsolete*
+  if its consumer received it after the driver called `supersede(e -> e+1)` (the call is marked on the clock just
+  before it is awaited), else *current*. The driver never asks the subject which epoch is current. The facade's own
+  counter (`stats()`, counted from its ADVANCE) is reported beside it; it can only be lower or equal.
 - A final version is *advanced* when its consumer received all `decode_tokens` tokens and a finished frame before
   the cleanup limit (`cleanup_limit_s` wall seconds after the last arrival).
 - Goodput = current-version tokens delivered / horizon, horizon = replay start -> the last final version's last frame
@@ -148,6 +149,7 @@ class VersionRecord:
     internal_id: str = ""
     transition: Any = None              # the Transition that created this version (epoch > 0)
     t_revoked: float | None = None      # ADVANCE of the successor
+    superseded: Any = None              # consumer-clock Tick of the supersede call that revoked this version
     t_closed: float | None = None       # engine: left the scheduler
     t_first: float | None = None
     t_last: float | None = None
@@ -273,6 +275,7 @@ async def run_arm(eng, arm: str, plans: Sequence[VersionPlan], prompt_of: Prompt
     fresh scope submitted at its arrival time. `quantum` sets the engine's step-token budget for the arm (an int) or
     lets a `QuantumSelector` set it at every arrival; it is restored to the engine default afterwards."""
     from ..faults import SlowConsumer
+    from ..trials.observe import ConsumerClock
 
     sp = w.sampling()
     if reset_cache:
@@ -291,6 +294,7 @@ async def run_arm(eng, arm: str, plans: Sequence[VersionPlan], prompt_of: Prompt
     n_scopes = len({p.scope for p in plans})
     consumers: list[asyncio.Task] = []
     before = eng.stats()["obsolete_tokens_published"]
+    clock = ConsumerClock()
     t0 = now() + 0.05
 
     async def consume(r: VersionRecord) -> None:
@@ -298,10 +302,10 @@ async def run_arm(eng, arm: str, plans: Sequence[VersionPlan], prompt_of: Prompt
         async for f in eng.stream(key, ep):
             t = now()
             if f.token_ids:
-                if eng.current_epoch(key) == f.epoch:
-                    r.current_tokens += len(f.token_ids)
-                else:
+                if r.superseded is not None and clock.now() > r.superseded:  # received after the call
                     r.obsolete_tokens += len(f.token_ids)
+                else:
+                    r.current_tokens += len(f.token_ids)
                 r.t_first = r.t_first or t
                 r.t_last = t
                 r.tokens.extend(f.token_ids)
@@ -327,6 +331,7 @@ async def run_arm(eng, arm: str, plans: Sequence[VersionPlan], prompt_of: Prompt
                 await eng.submit(r.key, r.prompt, sp)
             else:
                 prev = recs[(p.scope, p.epoch - 1)]
+                prev.superseded = clock.mark(f"supersede:{r.key}:{p.epoch - 1}")
                 tr = await eng.supersede(r.key, p.epoch - 1, r.prompt, sp)
                 r.transition = tr
                 prev.t_revoked = tr.t_call + _advance(tr)
