@@ -39,7 +39,9 @@ def test_register_makes_epoch_zero_current_and_never_displaces_a_live_version():
     assert vt.current[SK] == Current(0, "r0") and vt.tag("r0") == _tag(0) and vt.epoch(SK) == 0
     before = _vt_state(vt)
     assert vt.register("dup", _tag(0), live.__contains__) is False  # a duplicate submit cannot silence r0
-    assert _vt_state(vt) == before and vt.tag("dup") is None and vt.is_current("r0")
+    # the duplicate is known by its tag (so gate (a) and the audit see it) but never current; r0 stays current
+    assert vt.current == before[0] and vt.tags == {**before[1], "dup": _tag(0)}
+    assert vt.is_current("r0") and not vt.is_current("dup")
     live.clear()  # r0 finished: a new epoch-0 submit of the scope takes over
     assert vt.register("r1", _tag(0), live.__contains__) is True
     assert vt.current[SK] == Current(0, "r1") and not vt.is_current("r0") and vt.is_current("r1")
