@@ -34,7 +34,8 @@ explore: models
 mutate: models
 	rm -rf mutants
 	nice -n 10 .venv/bin/mutmut run --max-children 2
-	$(PY) -m conformance.mutation_report --survivors --min-score 90 --documented docs/mutation.md
+	$(PY) -m conformance.mutation_report --survivors --min-score 90 --documented docs/mutation.md \
+		--out results/mutation.txt
 
 # the real-engine state machine at 1,000 examples; its last line: schedules, supersedes, faults, violations, wall time
 soak: models

@@ -1,10 +1,10 @@
 """The mutation score of `make mutate`, read from mutmut's own result files (mutants/**/*.py.meta).
 
-    python -m conformance.mutation_report [--survivors] [--min-score 90] [--documented docs/mutation.md]
+    python -m conformance.mutation_report [--survivors] [--min-score 90] [--documented docs/mutation.md] [--out F]
 
 Prints one row per mutated module (total, killed, survived, timeout, suspicious, no tests, score), the primary
-modules (the transition core, ALIGN, the ledger, the frontend authority, the engine's version table) and the others
-separately, then with `--survivors` every surviving mutant as `file:line  mutant  -original / +mutated`.
+modules (the transition core, ALIGN, the ledger, the frontend authority, the engine's version table), the others
+and all of them, then with `--survivors` every surviving mutant as `file:line  mutant  -original / +mutated`.
 Score = (killed + timeout) / total: a mutant that makes the suite hang is detected (mutmut stops it at its time
 limit; the suite's own pytest-timeout would fail it too). `--min-score` exits 1 if the primary modules' combined
 score is below it; `--documented FILE` exits 1 if a survivor is not named in FILE (every survivor must be classified
@@ -53,7 +53,7 @@ def score(c: Counter) -> float:
 def table(res: dict) -> tuple[str, float]:
     head = "| module | " + " | ".join(COLUMNS) + " | score |"
     lines = [head, "|" + " --- |" * (len(COLUMNS) + 2)]
-    primary_total = Counter()
+    primary_total, overall = Counter(), Counter()
     for group, members in (("primary", PRIMARY), ("other", [p for p in res if p not in PRIMARY])):
         total = Counter()
         for path in members:
@@ -65,6 +65,9 @@ def table(res: dict) -> tuple[str, float]:
                          + f" | **{score(total):.1f}%** |")
         if group == "primary":
             primary_total = total
+        overall.update(total)
+    lines.append("| **all modules** | " + " | ".join(f"**{overall[k]}**" for k in COLUMNS)
+                 + f" | **{score(overall):.1f}%** |")
     return "\n".join(lines), score(primary_total)
 
 
@@ -124,13 +127,15 @@ def main(argv=None) -> int:
     ap.add_argument("--survivors", action="store_true", help="list every surviving mutant with its diff")
     ap.add_argument("--min-score", type=float, default=None, help="fail if the primary modules score below this")
     ap.add_argument("--documented", type=Path, default=None, help="fail if a survivor is not named in this file")
+    ap.add_argument("--out", type=Path, default=None, help="also write the table (and survivors) to this file")
     a = ap.parse_args(argv)
     res = results()
     text, primary = table(res)
-    print(text)
     if a.survivors:
-        print()
-        print("\n".join(survivors(res)))
+        text += "\n\n" + "\n".join(survivors(res))
+    print(text)
+    if a.out is not None:
+        a.out.write_text(text + "\n")
     rc = 0
     if a.min_score is not None and primary < a.min_score:
         print(f"\nprimary modules score {primary:.1f}% < {a.min_score}%", file=sys.stderr)

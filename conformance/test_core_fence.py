@@ -272,6 +272,21 @@ def test_closure_log_is_bounded_and_skips_requests_with_nothing_scheduled():
     assert off.port.rolled == [] and off.port.evicted == [] and off.log["a"] == {"closed_at": 1.0, "rolled_back_to": 0}
 
 
+def test_closure_log_default_bound_keeps_the_newest_1024_decisions():
+    from retire.closure import WriterClosure
+
+    class Port:
+        def live(self, rid):
+            return True
+
+        def rollback(self, rid, start, end):
+            return []
+
+    c = WriterClosure(Port())
+    c.close({"chunks": {f"r{i}": (0, 32) for i in range(1025)}}, 1.0)
+    assert len(c.log) == 1024 and "r0" not in c.log and "r1" in c.log and "r1024" in c.log
+
+
 # ------------------------------------------------------------------------------------------------ edge receipts
 def test_a_fence_built_without_ranks_or_drafter_issues_one_receipt_per_kv_group():
     from retire.fence import Fence

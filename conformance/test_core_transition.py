@@ -24,7 +24,7 @@ import pytest
 from conformance.fixtures.enginefree import EngineFreeCore
 from conformance.fixtures.prompts import revise, tokens
 from retire import Contract
-from retire.types import Receipt, RequestTag, Supersede, VersionKey
+from retire.types import Receipt, RequestTag, ScopeKey, Supersede, TransitionResult, VersionKey
 
 STAGES = ("advance", "fence", "align", "pin", "resume", "reclaim")
 P = tokens(200, 7)
@@ -374,6 +374,16 @@ def test_injected_refusal_changes_nothing_and_is_consumed():
     assert res.refused is None and res.inherited_tokens == 128
 
 
+def test_an_adoption_the_port_did_not_install_is_caught(monkeypatch):
+    """RESUME re-reads the successor's block table after the port's alias: a port that installs nothing fails loudly
+    (negative control of the adoption check; the accepted path above is its positive side)."""
+    core = EngineFreeCore()
+    _prefilled(core)
+    monkeypatch.setattr(core.s.retire.port, "alias", lambda handle, per_group, tokens: None)
+    with pytest.raises(AssertionError, match=r"^adoption not verified$"):
+        core.supersede("t", "s", 0, revise(P, 150, 220, 1))
+
+
 def test_refusals_count_once_each():
     core = EngineFreeCore()
     _prefilled(core)
@@ -444,6 +454,15 @@ def test_results_are_bounded_oldest_first():
         keys.append(key)
     got = [core.s("result", {"key": _b(k)}) is not None for k in keys]
     assert got == [False, False, True, True, True]
+
+
+def test_results_default_bound_keeps_the_newest_4096():
+    core = EngineFreeCore().s.retire
+    keys = [VersionKey(ScopeKey("ns", "t", f"s{i}"), 1) for i in range(4097)]
+    for k in keys:
+        core._store(TransitionResult(k, refused="x", refused_kind="unknown-scope"))
+    kept = core.results
+    assert len(kept) == 4096 and keys[0] not in kept and keys[1] in kept and keys[-1] in kept
 
 
 def test_close_times_are_recorded_and_bounded():

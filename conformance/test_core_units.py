@@ -330,3 +330,13 @@ def test_holds_one_successor_per_scope_released_once_dropped_only_by_its_own_id(
     holds.hold(SK, b)
     assert holds.drop(SK, "b") is True and holds.held == {} and calls[-1] == ("hold", "b")
     assert holds.drop(SK, "b") is False
+
+
+def test_chunk_shape_default_bounds_keep_1024_requests_and_64_chunks_each():
+    s = ChunkShape(1)
+    for i in range(1025):
+        s.observe(f"r{i}", 0, 1, 2)
+    assert s.log("r0") == [] and s.log("r1") == [(0, 1)] and s.log("r1024") == [(0, 1)]  # the oldest request dropped
+    for start in range(70):
+        s.observe("long", start, 1, 100)
+    assert s.log("long") == [(i, 1) for i in range(64)] and s.extent("long") == 70  # the log stops, the extent not
