@@ -222,3 +222,35 @@ def test_each_scope_has_its_own_lock():
             return await asyncio.wait_for(_supersede(table, "t", "u", 0, []), timeout=5)
 
     assert asyncio.run(go()).epoch == 0 and u.epoch == 1 and s.epoch == 0
+
+
+# ---------------------------------------------------------------------------------------------- publication hold
+def test_a_held_version_publishes_after_the_last_verdict_and_holds_nest():
+    """Two SUPERSEDE calls of one version in flight: a consumer waiting in `settled()` resumes only after both
+    verdicts (an Event barrier, never a sleep); a version never held is settled at once."""
+    table, s = _table_with()
+    v = s.current
+    assert v.holds == 0 and v.released.is_set()
+
+    async def run():
+        await asyncio.wait_for(v.settled(), 5)  # never held: returns at once
+        v.hold()
+        v.hold()
+        assert v.holds == 2 and not v.released.is_set()
+        waiting, resumed = asyncio.Event(), asyncio.Event()
+
+        async def consumer():
+            waiting.set()  # no await between this and the wait inside settled()
+            await v.settled()
+            resumed.set()
+
+        task = asyncio.create_task(consumer())
+        await waiting.wait()  # the barrier: the consumer is suspended inside settled()
+        v.unhold()
+        assert v.holds == 1 and not v.released.is_set() and not resumed.is_set()
+        v.unhold()
+        assert v.holds == 0 and v.released.is_set()
+        await asyncio.wait_for(resumed.wait(), 5)
+        await task
+
+    asyncio.run(run())
