@@ -84,7 +84,11 @@ def _function_span(tree: ast.Module, name: str, cls: str | None) -> tuple[int, i
 
 def short_name(name: str) -> str:
     """`Class.method__mutmut_N` or `function__mutmut_N` (the mutant's name without module and mangling)."""
-    return name.rpartition(".")[2].replace("xǁ", "").replace("ǁ", ".").replace("x_", "", 1)
+    last = name.rpartition(".")[2]
+    if last.startswith("xǁ"):  # a method: xǁClassǁmethod (a class name may itself end in "x")
+        cls, _, rest = last[2:].partition("ǁ")
+        return f"{cls}.{rest}"
+    return last[2:] if last.startswith("x_") else last
 
 
 def undocumented(res: dict, doc: Path) -> list[str]:
