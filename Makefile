@@ -26,7 +26,7 @@ bench: models
 	$(PY) -m pytest perf -m bench -q -rs --benchmark-json=results/bench.json
 
 explore: models
-	$(PY) -m conformance.explore --schedules 10000 --workers 2
+	$(PY) -m conformance.explore --schedules 10000 --workers 2 --json results/explore-10k.json
 
 # mutation testing of the control-plane core against the engine-free suite (docs/mutation.md): a fresh run every
 # time (mutmut's cache would keep verdicts across test changes), then the score table and every survivor; fails if

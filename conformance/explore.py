@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--schedules", type=int, default=10_000)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--steps", type=int, default=25, help="rules per schedule (Hypothesis stateful_step_count)")
+    ap.add_argument("--json", default=None, help="also write the counts, violations and wall time to this file")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
     per = [a.schedules // a.workers + (i < a.schedules % a.workers) for i in range(a.workers)]
@@ -65,6 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     for e in errors:
         print(e, file=sys.stderr)
     wall = time.monotonic() - t0
+    if a.json:
+        import json
+        import platform
+        with open(a.json, "w") as f:
+            json.dump({"counts": dict(total), "violations": len(errors), "errors": errors, "wall_s": round(wall, 1),
+                       "schedules_requested": a.schedules, "workers": a.workers, "steps": a.steps,
+                       "cpus": os.cpu_count(), "python": platform.python_version(),
+                       "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, f, indent=1)
     print(f"explore: {total['schedules']} schedules, {total['supersedes']} supersedes ({total['inherited']} inherited, "
           f"{total['cold']} cold, {total['refused']} refused), {total['faults'] + total['pressure']} faults injected, "
           f"{total['cuts']} in-step cuts, {total['dram_steps']} DRAM steps, {len(errors)} violations, {wall:.1f} s")

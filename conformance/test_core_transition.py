@@ -312,7 +312,7 @@ def test_sliding_window_blocks_already_dropped_cannot_be_certified():
     res, _ = core.supersede("t", "s", 0, revise(Q, 200, 640, 1))
     assert res.inherited_tokens == 0
     assert res.cold_reason == ("sliding window: blocks the successor attends to at 192 tokens were already evicted "
-                               "by the predecessor")
+                               "by the predecessor; no revision slack was kept (Contract(slack=True) keeps one)")
 
 
 # ------------------------------------------------------------------------------------------------ hooks

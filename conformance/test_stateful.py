@@ -17,7 +17,8 @@ Invariants (after every rule), all judged outside the code under test unless not
 - concurrent SUPERSEDEs of one epoch: exactly one returns, the others raise StaleEpoch;
 - certified length: a multiple of the block, at most min(LCP, len(new) - 1) computed from the prompts (and at most
   the receipts' frontier), at most the pin quota; a truncation with its predecessor live and no fault certifies
-  exactly min(len(new) - 1, frontier) rounded down; an armed generation race or a forged tenant forces cold;
+  exactly min(len(new) - 1, frontier) rounded down; an armed generation race forces cold; a forged tenant is refused
+  (UnknownScope) and changes nothing;
 - a cold successor is cold by vLLM's count: its frames carry `num_cached_tokens == 0`;
 - refcounts: every block's ref_cnt equals its table references plus pins, no pin outlives its transition, no
   obsolete execution is alive (engine audit, the subject's own check of vLLM's block pool); at teardown every
@@ -114,16 +115,17 @@ class RetireMachine(RuleBasedStateMachine):
 
     def _supersede(self, key, revised, contract: Contract, *, lcp: int, forged: bool = False):
         sh = self.shadow[key]
-        sh.called[sh.epoch] = self.clock.mark(f"{key}:{sh.epoch}")
-        if forged:
+        if forged:  # a successor that names another tenant reaches no scope of ours: refused, nothing changed
             async def go():
                 async with ForgedTenant("intruder").on(self.eng):
                     return await self.eng.supersede(sh.scope, sh.epoch, revised, SP, contract=contract,
                                                     tenant=sh.tenant)
-            tr = self.run(go())
-        else:
-            tr = self.run(self.eng.supersede(sh.scope, sh.epoch, revised, SP, contract=contract, tenant=sh.tenant))
-        forced = sh.armed or forged
+            self._refused_changes_nothing(key, go, UnknownScope, match="unknown scope .* for tenant 'intruder'")
+            self.counts["refused"] += 1
+            return None
+        sh.called[sh.epoch] = self.clock.mark(f"{key}:{sh.epoch}")
+        tr = self.run(self.eng.supersede(sh.scope, sh.epoch, revised, SP, contract=contract, tenant=sh.tenant))
+        forced = sh.armed
         sh.armed = False
         sh.epoch += 1
         assert tr.epoch == sh.epoch

@@ -110,3 +110,43 @@ class Paired:
         return {"rounds_run": len(self.all), "rounds_admitted": len(self.rounds),
                 "trials_rejected": dict(self.rejected), "rejections": self.rejections[:10],
                 "arm_order": "rotated per round (two arms: alternating)"}
+
+
+def loglog_fit(points: Sequence[tuple[float, float]]) -> dict | None:
+    """Least-squares fit of log(y) = a + b log(x) over (x, median y) points with x, y > 0: the growth exponent b
+    (1 = linear, 0 = flat) and r^2. None with fewer than 3 usable points."""
+    p = [(float(x), float(y)) for x, y in points if x and y and x > 0 and y > 0]
+    if len(p) < 3:
+        return None
+    lx, ly = np.log([x for x, _ in p]), np.log([y for _, y in p])
+    b, a = np.polyfit(lx, ly, 1)
+    pred = a + b * lx
+    ss = float(((ly - ly.mean()) ** 2).sum())
+    return {"exponent": round(float(b), 3), "r2": round(1 - float(((ly - pred) ** 2).sum()) / ss, 3) if ss else None,
+            "points": len(p)}
+
+
+def order(exponent: float | None, n: str) -> str:
+    """The complexity a fitted growth exponent shows: O(1) below 0.25, O(n) within 0.75..1.25, else O(n^b) (the
+    statement follows the measurement, never the other way round)."""
+    if exponent is None:
+        return "unfitted"
+    if exponent < 0.25:
+        return "O(1)"
+    if 0.75 <= exponent <= 1.25:
+        return f"O({n})"
+    return f"O({n}^{exponent})"
+
+
+def curve(series: dict[str, list[tuple[float, list[float]]]], *, name: str, x_label: str, y_label: str,
+          complexity: str, fit_from: float = 0) -> dict:
+    """The `growth_curve` extra_info of a cost-growth benchmark: per series, one summary per x (medians, min, max of
+    the samples), and the log-log growth exponent of the medians over the points with x >= `fit_from`."""
+    out = {"name": name, "x_label": x_label, "y_label": y_label, "series": {}, "fit": {}, "complexity": complexity}
+    for s, pts in series.items():
+        rows = [{"x": x, "y": summary(ys, nd=7)} for x, ys in pts]
+        out["series"][s] = rows
+        fit = loglog_fit([(r["x"], r["y"]["median"]) for r in rows if r["x"] >= fit_from])
+        if fit:
+            out["fit"][s] = fit
+    return out

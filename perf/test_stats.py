@@ -36,3 +36,18 @@ def test_nested_needs_two_instances_and_is_deterministic():
     assert bootstrap_ci_nested([[1.0], [], [None]]) is None
     g = _instances([0.0, 0.01])
     assert bootstrap_ci_nested(g, seed=3) == bootstrap_ci_nested(g, seed=3)
+
+
+def test_growth_exponent_and_order_follow_the_data():
+    """The fitted exponent recovers a planted power law and the complexity statement follows it; negative control:
+    a quadratic curve is never stated as linear or flat."""
+    from perf.common import loglog_fit, order
+
+    xs = [1, 10, 100, 1000, 10000]
+    lin = loglog_fit([(x, 3e-6 * x) for x in xs])
+    flat = loglog_fit([(x, 2e-4) for x in xs])
+    quad = loglog_fit([(x, 1e-9 * x * x) for x in xs])
+    assert (lin["exponent"], flat["exponent"], quad["exponent"]) == (1.0, 0.0, 2.0)
+    assert (order(lin["exponent"], "n"), order(flat["exponent"], "n")) == ("O(n)", "O(1)")
+    assert order(quad["exponent"], "n") == "O(n^2.0)"
+    assert loglog_fit([(1, 1.0), (2, 2.0)]) is None and order(None, "n") == "unfitted"

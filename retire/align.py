@@ -14,8 +14,20 @@ from typing import Sequence
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int], limit: int | None = None) -> int:
+    """Length of the common prefix, O(LCP) with a C-level constant: slices of doubling length (64 tokens up to 32K)
+    are compared as whole lists, and only the slice holding the first difference element by element. (An
+    element-wise Python loop over vLLM's token list cost ~5 us per 32-token block: 5x the transition's budget of
+    1 ms per 1,000 certified blocks.)"""
     n = min(len(a), len(b)) if limit is None else min(len(a), len(b), max(limit, 0))
-    i = 0
+    i, stride = 0, 64
+    while i < n:
+        j = min(n, i + stride)
+        x, y = a[i:j], b[i:j]
+        if type(x) is not list or type(y) is not list:
+            x, y = list(x), list(y)
+        if x != y:
+            break
+        i, stride = j, min(stride * 2, 1 << 15)
     while i < n and a[i] == b[i]:
         i += 1
     return i

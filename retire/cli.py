@@ -1,5 +1,5 @@
 """The `retire` console entry point: `retire demo`, `retire conform [--vllm SPEC] --json OUT`,
-`retire seams --vllm SPEC [--json OUT]`, `retire compat FILE...`, `retire report RESULTS.json`, `retire traces ...`,
+`retire seams --vllm SPEC [--json OUT]`, `retire compat FILE...`, `retire report RESULTS.json | --compare OLD NEW`, `retire traces ...`,
 `retire serve MODEL [vLLM engine flags] [--policy P] [--api-keys FILE] [--host H --port P]` (docs/serve.md)."""
 from __future__ import annotations
 

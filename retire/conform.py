@@ -40,6 +40,8 @@ GUARANTEES = {
     "test_faults": "fault discipline (compose, heal)",
     "test_spec_decode": "path: speculative decoding (ngram)",
     "test_hybrid": "path: two KV groups (sliding window + full attention)",
+    "test_slack": "path: revision slack (sliding-window models inherit behind the frontier)",
+    "test_slack_enginefree": "revision slack on a real BlockPool (pins, release, quota, audit)",
     "test_tensor_parallel": "path: tensor parallel 2 (every-rank receipts)",
     "test_exact": "numerical mode: exact (bit-identical) and ordinary",
     "test_quota_pressure": "pin quota under pressure (zero quota goes cold)",

@@ -96,6 +96,8 @@ class RetireEngine:
             raise UnsupportedContract("pin_quota_blocks must be >= 0 or None")
         if c.dram_tier and not c.inherit:
             raise UnsupportedContract("dram_tier carries inherited state: it needs inherit=True")
+        if isinstance(c.slack_tokens, bool) or not isinstance(c.slack_tokens, int) or c.slack_tokens <= 0:
+            raise UnsupportedContract("slack_tokens must be a positive number of tokens")
         return c
 
     def _params(self, sampling_params, tag: RequestTag):
@@ -120,18 +122,22 @@ class RetireEngine:
 
     # ------------------------------------------------------------------ API
     async def submit(self, scope: str, prompt_token_ids: Sequence[int], sampling_params, tenant: str = "default",
-                     *, cache_salt: str | None = None) -> int:
+                     *, cache_salt: str | None = None, contract: Contract | None = None) -> int:
         """Start scope `scope` at epoch 0. `cache_salt` puts its KV in a private prefix-cache namespace (vLLM's
-        cache_salt); a successor with another salt cannot inherit (config mismatch)."""
+        cache_salt); a successor with another salt cannot inherit (config mismatch). `contract` is the version's own
+        contract as a future predecessor: today its revision slack (`Contract(slack=True)`), which the engine must
+        know from the version's first step."""
         self._check_open()
         _check_names(tenant, scope)
         toks = self._validate_prompt(prompt_token_ids)
+        slack = self._validate_contract(contract).revision_slack() if contract is not None else None
         if self.policy == "retire" and self.backend.safe_points is None:
             await self.backend.ensure_safe_points()
         self.table.check_new(tenant, scope)
         key = VersionKey(self.table.key(tenant, scope), 0)
+        tag = RequestTag(key, self.policy, slack=slack if self.policy == "retire" else None)
         prep = await self.backend.prepare(key.request_id(), self._prompt(toks, cache_salt),
-                                          self._params(sampling_params, RequestTag(key, self.policy)))
+                                          self._params(sampling_params, tag))
         self.table.check_new(tenant, scope)  # another submit of this scope may have run while vLLM validated
         v = Version(scope, tenant, 0, key, toks, prep.internal_id, prep.collector, t_submit=now())
         self.table.create(tenant, scope, v)
@@ -172,8 +178,9 @@ class RetireEngine:
                 raise
             key = VersionKey(self.table.key(tenant, scope), expected_epoch + 1)
             posted = self._will_post(s.current) if self.policy == "retire" else None
-            tag = RequestTag(key, self.policy,
-                             Supersede(expected_epoch, contract, posted) if self.policy == "retire" else None)
+            retire = self.policy == "retire"
+            tag = RequestTag(key, self.policy, Supersede(expected_epoch, contract, posted) if retire else None,
+                             contract.revision_slack() if retire else None)
             if self.seams.successor_tenant is not None:  # ForgedTenant: the successor names another tenant's scope
                 tag = msgspec.structs.replace(tag, key=VersionKey(self.table.key(self.seams.successor_tenant, scope),
                                                                   key.epoch))

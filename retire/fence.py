@@ -43,6 +43,10 @@ class Fence:
             c["accepted"] += accepted
             c["steps"] += 1
 
+    def drop(self, req_ids) -> None:
+        for rid in req_ids:
+            self.drafts.pop(rid, None)
+
     def forget(self, keep) -> None:
         for rid in [r for r in self.drafts if not keep(r)]:
             del self.drafts[rid]

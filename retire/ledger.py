@@ -4,9 +4,11 @@ Invariants:
 - Every allocation of a physical block bumps its generation (`GenerationTable.attach` hooks the port's allocator;
   a prefix-cache `touch` of a retained block does not bump, its content is kept).
 - A pin is one extra reference on each block it names, keyed by a typed `PinKey` (the version it serves and its
-  kind: "handoff" from FENCE until adoption, "transfer" for a DRAM restore in flight) and counted against its tenant.
-  `release` is the only way a pin ends; `adopt` records blocks whose reference the caller already holds (a fresh
-  allocation) without taking another.
+  kind: "handoff" from FENCE until adoption, "transfer" for a DRAM restore in flight, "slack" for a version's
+  revision slack) and counted against its tenant. `release` is the only way a pin ends; `adopt` records blocks whose
+  reference the caller already holds (a fresh allocation) without taking another. A slack pin changes block by block:
+  `grow` takes one more reference per block, `shrink` gives exactly those back, `move` re-keys blocks to another pin
+  of the same tenant without touching a reference.
 - For every non-null block: ref_cnt == (references from live requests' block tables) + (pins). `refcount_audit`
   reports any block where that fails; at drain every block is free.
 """
@@ -30,7 +32,7 @@ class GenerationTable:
             self.allocations += 1
 
     def of(self, block_ids: Sequence[int]) -> tuple[int, ...]:
-        return tuple(self.gen[b] for b in block_ids)
+        return tuple(map(self.gen.__getitem__, block_ids))  # C-level: ALIGN reads every certified block's
 
     def attach(self, port) -> None:
         port.on_alloc(self.bump)
@@ -38,7 +40,7 @@ class GenerationTable:
 
 class PinKey(NamedTuple):
     version: VersionKey
-    kind: str  # "handoff" | "transfer"
+    kind: str  # "handoff" | "transfer" | "slack"
 
 
 @dataclass
@@ -84,6 +86,70 @@ class PinLedger:
         if not self.by_tenant[pin.tenant]:
             del self.by_tenant[pin.tenant]
         return len(pin.blocks)
+
+    # ------------------------------------------------------------------ pins that change block by block (slack)
+    def grow(self, key: PinKey, tenant: str, block_ids: Sequence[int]) -> None:
+        """Take one reference on each block and add it to the pin `key` (created if absent)."""
+        if not block_ids:
+            return
+        pin = self.pins.get(key)
+        if pin is not None and pin.tenant != tenant:
+            raise RuntimeError(f"pin {key} belongs to tenant {pin.tenant!r}")
+        self.port.pin(block_ids)
+        if pin is None:
+            self.pins[key] = Pin(tenant, list(block_ids))
+        else:
+            pin.blocks.extend(block_ids)
+        self.by_tenant[tenant] += len(block_ids)
+
+    def shrink(self, key: PinKey, block_ids: Sequence[int]) -> int:
+        """Give back the reference of each of these blocks of the pin `key` (the pin ends when it holds none)."""
+        pin = self.pins.get(key)
+        if pin is None or not block_ids:
+            return 0
+        drop = Counter(block_ids)
+        keep = []
+        for b in pin.blocks:
+            if drop[b] > 0:
+                drop[b] -= 1
+            else:
+                keep.append(b)
+        if +drop:
+            raise RuntimeError(f"pin {key} does not hold {sorted((+drop).elements())}")
+        self.port.unpin(block_ids)
+        pin.blocks = keep
+        self._uncount(pin.tenant, len(block_ids))
+        if not keep:
+            del self.pins[key]
+        return len(block_ids)
+
+    def move(self, src: PinKey, dst: PinKey, block_ids: Sequence[int]) -> None:
+        """Re-key these blocks from pin `src` to pin `dst` (same tenant): no reference is taken or given back."""
+        pin = self.pins.get(src)
+        if pin is None or not block_ids:
+            return
+        target = self.pins.get(dst)
+        if target is not None and target.tenant != pin.tenant:
+            raise RuntimeError(f"pin {dst} belongs to tenant {target.tenant!r}, not {pin.tenant!r}")
+        moving = set(block_ids)
+        if not moving <= set(pin.blocks):
+            raise RuntimeError(f"pin {src} does not hold {sorted(moving - set(pin.blocks))}")
+        pin.blocks = [b for b in pin.blocks if b not in moving]
+        if target is None:
+            self.pins[dst] = Pin(pin.tenant, list(block_ids))
+        else:
+            target.blocks.extend(block_ids)
+        if not pin.blocks:
+            del self.pins[src]
+
+    def _uncount(self, tenant: str, n: int) -> None:
+        self.by_tenant[tenant] -= n
+        if not self.by_tenant[tenant]:
+            del self.by_tenant[tenant]
+
+    def held(self, key: PinKey) -> int:
+        pin = self.pins.get(key)
+        return 0 if pin is None else len(pin.blocks)
 
     def counts(self) -> Counter:
         c: Counter = Counter()

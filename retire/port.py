@@ -33,13 +33,16 @@ class KVPort(Protocol):
     group_block_sizes: tuple[int, ...]      # per KV group
     num_blocks: int
     null_block_id: int
+    block_bytes: tuple[int, ...]            # per KV group: KV bytes one block id stands for (all layers of its group)
     config_fingerprint: tuple[tuple[str, Any], ...]
 
     # -- reads
     def view(self, req: Any) -> RequestView | None: ...        # a request id, or a request handle not yet admitted
+    def known(self, req_id: str) -> bool: ...                 # in the scheduler at all
     def live(self, req_id: str) -> bool: ...
     def frontier(self, req_id: str) -> int: ...
     def blocks(self, req_id: str) -> list[list[int]]: ...       # per group; placeholders are null_block_id
+    def group_blocks(self, req_id: str, group: int, lo: int, hi: int) -> list[int]: ...  # one group, [lo, hi)
     def first_needed_block(self, group: int, num_tokens: int) -> int: ...
     def free_block_count(self) -> int: ...
     def request_ids(self) -> list[str]: ...

@@ -69,6 +69,14 @@ class SchedulerCommands:
     def _cmd_scope_epoch(self, scope) -> int | None:
         return self.retire.versions.epoch(_scope(scope))
 
+    def _cmd_slack(self) -> dict:
+        """Revision slacks: per live request, the blocks it keeps and their KV bytes (block_bytes of its group)."""
+        sl, p = self.retire.slack, self.retire_port
+        out = {rid: {"blocks": sum(len(b) for b in k.blocks.values()),
+                     "bytes": sum(len(b) * p.block_bytes[g] for g, b in k.blocks.items()), "frontier": k.frontier,
+                     "tokens": k.cfg.tokens, "limited": k.limited} for rid, k in sl.kept.items()}
+        return {"requests": out, "sliding_groups": list(sl.sliding), "block_bytes": list(p.block_bytes)}
+
     def _cmd_stats(self) -> dict:
         p, c = self.retire_port, self.retire
         return dict(c.counters, free_blocks=p.free_block_count(), num_blocks=p.num_blocks,

@@ -12,6 +12,9 @@ Invariants (each stage is a method below; `supersede` runs them in order, atomic
 - RESUME: generations re-checked; the successor's table aliases the certified blocks (or, under the DRAM tier, it is
   held for a restore); a successor that inherits nothing reads no prefix cache at all.
 - RECLAIM: the predecessor is finished after the successor is admitted; its old-only blocks return to the pool.
+- Revision slack (`retire/slack.py`, opt-in by contract): the sliding-window blocks a version keeps behind its
+  frontier fill ALIGN's view of its table; they are updated after every committed step and end at RECLAIM (the
+  successor takes over those its own slack covers).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from .dram.engine import DramLedger
 from .fence import Fence, FenceOutcome
 from .holds import Holds
 from .ledger import GenerationTable, PinKey, PinLedger, refcount_audit
+from .slack import Slack
 from .switches import EngineSwitches
 from .types import Certificate, RequestTag, TransitionResult, VersionKey
 from .versions import VersionTable
@@ -57,10 +61,12 @@ class TransitionCore:
                            spec_enabled=port.spec_enabled)
         self.dram = DramLedger(port, self.pins, self.gens, self.versions, self.holds, self.counters)
         self.switches = EngineSwitches()
+        self.slack = Slack(port, self.pins, self.versions)
         self.results: OrderedDict[VersionKey, TransitionResult] = OrderedDict()
         self.closed_at: OrderedDict[str, float] = OrderedDict()
         self.max_results = max_results
         self.step = 0
+        self.left: list[str] = []  # request ids that left the scheduler since the last commit (forgotten in after_gate)
 
     # ------------------------------------------------------------------ events from the scheduler
     def submit(self, handle, tag: RequestTag) -> None:
@@ -94,7 +100,9 @@ class TransitionCore:
         inherited, dram_held, reason = self._resume(handle, tag, plan, flat, gens, hook, old_id)
         t5 = now()
         if old_id is not None and self.port.live(old_id):
+            self.slack.handoff(old_id, handle.request_id, inherited)  # slack: the successor keeps what it covers
             self.port.finish(old_id)  # RECLAIM, after the successor is admitted
+        self.slack.release(old_id)
         t6 = now()
         self.counters["supersedes"] += 1
         cert = self._certificate(tag, plan, fo, gens, handle) if inherited or dram_held else None
@@ -122,7 +130,7 @@ class TransitionCore:
             if n == 0:
                 reason = (f"exact mode: no chunk-aligned prefix written in a cold run's shape "
                           f"(extent={extent}, unit={unit})")
-        n, reason = self._quota(n, unit, tag, a, reason)
+        n, reason = self._quota(n, unit, tag, a, reason, self.slack.held(old_id))
         if n == 0 and reason is None:
             reason = f"no shared prefix to certify (lcp={a.lcp}, frontier={a.frontier}, unit={unit})"
         if reason is not None:
@@ -139,11 +147,12 @@ class TransitionCore:
                 return f"config mismatch: {k} ({a[k]!r} != {b.get(k)!r})"
         return None
 
-    def _quota(self, n: int, unit: int, tag: RequestTag, a: Alignment, reason: str | None):
+    def _quota(self, n: int, unit: int, tag: RequestTag, a: Alignment, reason: str | None, own_slack: int = 0):
+        """`own_slack`: the predecessor's revision-slack blocks, which the handoff re-pins (not counted twice)."""
         quota = tag.supersede.contract.pin_quota_blocks
         if quota is None:
             return n, reason
-        free = max(0, int(quota) - self.pins.pinned(tag.tenant))
+        free = max(0, int(quota) - self.pins.pinned(tag.tenant) + own_slack)
         max_blocks = free // max(len(self.port.group_block_sizes), 1)
         n = min(n, (max_blocks * self.port.block_size) // unit * unit)
         if n == 0 and reason is None and (a.certified > 0 or max_blocks == 0):
@@ -158,11 +167,11 @@ class TransitionCore:
         null = self.port.null_block_id
         out = []
         for g, (table, bs) in enumerate(zip(self.port.blocks(old_id), self.port.group_block_sizes)):
-            head = table[: n // bs]
+            head = self.slack.fill(old_id, g, table[: n // bs])  # revision slack: kept blocks vLLM nulled
             first = self.port.first_needed_block(g, n)
             if any(b == null for b in head[first:]):
                 return [], (f"sliding window: blocks the successor attends to at {n} tokens were already evicted "
-                            f"by the predecessor")
+                            f"by the predecessor" + self.slack.explain(old_id))
             out.append([null] * first + head[first:])
         return out, None
 
@@ -230,12 +239,14 @@ class TransitionCore:
         for rid, start, n, plen, tables in pre:
             if not (cut and cut["chunks"].get(rid, (0, 0))[1]):
                 self.shape.observe(rid, start, n, plen, tables)
+        self.slack.after_commit([p[0] for p in pre])
+        self.left += [p[0] for p in pre if not self.port.known(p[0])]  # finished (vLLM freed them in this commit)
 
     def after_gate(self) -> None:
-        """After gate (a) judged this step's outputs: forget requests that left the scheduler (a request's last
-        output is judged by its tag before the tag is dropped)."""
-        if len(self.versions.tags) > len(self.port.request_ids()):
-            self.prune()
+        """After gate (a) judged this step's outputs: forget the requests that left the scheduler (a request's last
+        output is judged by its tag before the tag is dropped), one by one: O(requests that left), not O(live)."""
+        if self.left:
+            self._forget_left()
 
     def gate(self, req_id: str) -> bool:
         """Gate (a): may this request's output be committed?"""
@@ -256,8 +267,20 @@ class TransitionCore:
     def on_finished(self, req_ids, t: float) -> None:
         for rid in req_ids:
             self.closed_at[rid] = t
+            self.slack.release(rid)
+            self.left.append(rid)
         while len(self.closed_at) > 4096:
             self.closed_at.popitem(last=False)
+
+    def _forget_left(self) -> None:
+        """Per-request state of the requests that left, O(requests that left): a full `prune` scans every live
+        request, which made each transition O(live scopes) (the step after a RECLAIM always pruned)."""
+        left, self.left = self.left, []
+        gone = [r for r in left if not self.port.known(r)]
+        self.versions.drop(gone)
+        self.fence.drop(gone)
+        for rid in gone:
+            self.shape.forget(rid)
 
     def prune(self) -> None:
         live = set(self.port.request_ids())
@@ -272,8 +295,10 @@ class TransitionCore:
         self.prune()
         violations = refcount_audit(ref_counts=p.ref_counts(), tables=p.tables(), pins=self.pins.counts(),
                                     null_block_id=p.null_block_id)
-        if self.pins.pins:
-            violations.append(f"dangling pins: {sorted(self.pins.pins, key=repr)}")
+        dangling = [k for k in self.pins.pins if not self.slack.owns(k)]
+        if dangling:
+            violations.append(f"dangling pins: {sorted(dangling, key=repr)}")
+        violations += self.slack.audit()
         violations += self.dram.audit()
         if self.holds.held:
             violations.append(f"successors still held at a barrier: {sorted(self.holds.held, key=repr)}")

@@ -21,6 +21,10 @@ from typing import Any, Optional, TypeVar
 import msgspec
 
 MODES = ("tolerant", "exact")
+# The revision slack's default reach behind the writer frontier (tokens): the agent case is "the last user turn
+# changes after the model generated a few hundred tokens", i.e. the LCP lies (tokens generated) + (length of the
+# replaced last turn) behind the frontier; 1,024 covers up to 512 of each (docs/slack.md).
+DEFAULT_SLACK_TOKENS = 1024
 MODE_ALIASES = {"ordinary": "tolerant"}
 T = TypeVar("T")
 
@@ -71,6 +75,11 @@ class Contract(msgspec.Struct, frozen=True, kw_only=True):
     - `dram_tier`: return capacity through the host DRAM tier (retire/dram/): certified pages are copied to host
       memory and their blocks released; the successor is restored into fresh blocks with digest and epoch checks.
     - `digests`: record per-page digests in the certificate (costs one worker round trip).
+    - `slack` / `slack_tokens`: the revision slack of the version this contract starts (given to `submit`, or to
+      `supersede` for the successor as a future predecessor): its sliding-window KV blocks needed to resume from any
+      point in the last `slack_tokens` tokens behind its writer frontier are kept (pinned) although vLLM drops them,
+      so a later SUPERSEDE with an LCP that far back still inherits. The kept blocks count against the tenant's pin
+      quota (`pin_quota_blocks` of this contract bounds them). No effect on a model without sliding-window groups.
     """
 
     mode: str = "tolerant"
@@ -78,12 +87,27 @@ class Contract(msgspec.Struct, frozen=True, kw_only=True):
     pin_quota_blocks: Optional[int] = None
     dram_tier: bool = False
     digests: bool = False
+    slack: bool = False
+    slack_tokens: int = DEFAULT_SLACK_TOKENS
 
     def normalized(self) -> "Contract":
         return msgspec.structs.replace(self, mode=MODE_ALIASES.get(self.mode, self.mode))
 
     def to_wire(self) -> dict:
         return msgspec.structs.asdict(self.normalized())
+
+    def revision_slack(self) -> "RevisionSlack | None":
+        """What the engine must know while the version runs (None: no slack)."""
+        return RevisionSlack(int(self.slack_tokens), self.pin_quota_blocks) if self.slack else None
+
+
+class RevisionSlack(msgspec.Struct, frozen=True, array_like=True):
+    """A version's revision slack, carried by its own request (`RequestTag.slack`): keep the sliding-window blocks
+    needed to resume from any point in the last `tokens` tokens behind its frontier, within `quota_blocks` pinned
+    blocks of its tenant (None: unlimited)."""
+
+    tokens: int
+    quota_blocks: Optional[int] = None
 
 
 # ------------------------------------------------------------------------------------------------ frontend -> engine
@@ -97,11 +121,14 @@ class Supersede(msgspec.Struct, frozen=True):
 
 
 class RequestTag(msgspec.Struct, frozen=True):
-    """Attached to every retire request (`SamplingParams.extra_args["retire"]`, msgpack bytes)."""
+    """Attached to every retire request (`SamplingParams.extra_args["retire"]`, msgpack bytes). `slack` is the
+    version's own revision slack (from the contract given to `submit`, or the SUPERSEDE's contract for a successor),
+    known to the engine from the version's first step."""
 
     key: VersionKey
     policy: str
     supersede: Optional[Supersede] = None
+    slack: Optional[RevisionSlack] = None
 
     @property
     def tenant(self) -> str:

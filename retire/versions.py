@@ -75,6 +75,11 @@ class VersionTable:
     def tag(self, req_id: str) -> RequestTag | None:
         return self.tags.get(req_id)
 
+    def drop(self, req_ids) -> None:
+        """Drop the tags of these requests (they left the scheduler); current entries stay, as in `forget`."""
+        for rid in req_ids:
+            self.tags.pop(rid, None)
+
     def forget(self, keep) -> None:
         """Drop tags of requests that left the scheduler (`keep(req_id)` false); current entries stay, so a later
         SUPERSEDE of a finished scope is still checked against its epoch."""

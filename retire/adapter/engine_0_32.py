@@ -35,6 +35,8 @@ class SchedulerPort:
         self.null_block_id = int(pool.null_block.block_id)
         self.config_fingerprint = (("model", str(cfg.model_config.model)), ("dtype", str(cfg.model_config.dtype)),
                                    ("block_size", self.block_size), ("cache_dtype", str(cfg.cache_config.cache_dtype)))
+        self.block_bytes = tuple(int(g.kv_cache_spec.page_size_bytes) * len(g.layer_names)
+                                 for g in sched.kv_cache_config.kv_cache_groups)
         self.chunk = int(cfg.scheduler_config.max_num_batched_tokens)
         self.world_size = int(cfg.parallel_config.world_size)
         self.spec_enabled = cfg.speculative_config is not None
@@ -48,6 +50,10 @@ class SchedulerPort:
         return RequestView(r.request_id, r.prompt_token_ids, r.all_token_ids, int(r.num_computed_tokens),
                            r.is_finished(), (("cache_salt", r.cache_salt), ("lora", getattr(lora, "lora_name", None))),
                            len(r.spec_token_ids or ()))
+
+    def known(self, req_id: str) -> bool:
+        """Still in the scheduler (live, held, or finished with its blocks' free delayed)."""
+        return req_id in self.s.requests
 
     def live(self, req_id: str) -> bool:
         r = self.s.requests.get(req_id)
@@ -63,6 +69,10 @@ class SchedulerPort:
 
     def blocks(self, req_id: str) -> list[list[int]]:
         return [[b.block_id for b in m.req_to_blocks.get(req_id, ())] for m in self.mgrs]
+
+    def group_blocks(self, req_id: str, group: int, lo: int, hi: int) -> list[int]:
+        """Block ids at table positions [lo, hi) of one group (placeholders are null_block_id): O(hi - lo)."""
+        return [b.block_id for b in self.mgrs[group].req_to_blocks.get(req_id, ())[lo:hi]]
 
     def first_needed_block(self, group: int, num_tokens: int) -> int:
         """Index of the first block a request with `num_tokens` computed tokens still attends to in this group

@@ -13,6 +13,7 @@ STKM = "vllm.v1.core.single_type_kv_cache_manager"
 ENGINE_FREE = ("test_core_explore", "test_dram_ledger")
 SAFE_POINTS = ("test_safe_points", "test_compiled_fallback", "test_long_prefill", "test_safepoint_model")
 DRAM = ("test_dram", "test_dram_ledger", "test_churn")
+SLACK = ("test_slack", "test_slack_enginefree")
 
 SEAMS = (
     # ---------------------------------------------------------------- extension points (configuration)
@@ -32,6 +33,11 @@ SEAMS = (
     seam(f"{SCHED}:Scheduler.kv_cache_manager"),
     seam(f"{SCHED}:Scheduler.block_size"),
     seam(f"{SCHED}:Scheduler.vllm_config"),
+    seam(f"{SCHED}:Scheduler.kv_cache_config", guarantees=SLACK, note="KV bytes per block (the slack's memory)"),
+    seam("vllm.v1.kv_cache_interface:KVCacheConfig.kv_cache_groups", guarantees=SLACK),
+    seam("vllm.v1.kv_cache_interface:KVCacheGroupSpec.kv_cache_spec", guarantees=SLACK),
+    seam("vllm.v1.kv_cache_interface:KVCacheGroupSpec.layer_names", guarantees=SLACK),
+    seam("vllm.v1.kv_cache_interface:KVCacheSpec.page_size_bytes", guarantees=SLACK),
     seam(f"{SCHED}:Scheduler.max_num_scheduled_tokens", guarantees=SAFE_POINTS + ("test_replay_driver",),
          note="the prefill unit, set at run time"),
     seam("vllm.v1.core.kv_cache_manager:KVCacheManager.coordinator"),
@@ -41,7 +47,11 @@ SEAMS = (
     seam(f"{STKM}:SingleTypeKVCacheManager.num_cached_block"),
     seam(f"{STKM}:SingleTypeKVCacheManager.block_size"),
     seam(f"{STKM}:SlidingWindowManager.get_num_skipped_tokens", "method", ["num_computed_tokens"],
-         guarantees=("test_hybrid",)),
+         guarantees=("test_hybrid",) + SLACK),
+    seam(f"{STKM}:SlidingWindowManager.remove_skipped_blocks", "method", ["request_id", "processed_computed_tokens"],
+         guarantees=SLACK,
+         note="frees blocks behind the window at the next schedule(); the revision slack pins them first "
+              "(an extra ref_cnt keeps them out of the free queue)"),
     seam(f"{POOL}:BlockPool.blocks"),
     seam(f"{POOL}:BlockPool.null_block"),
     seam(f"{POOL}:BlockPool.num_gpu_blocks"),

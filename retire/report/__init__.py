@@ -1,4 +1,4 @@
-"""`retire report RESULTS.json [--out DIR]`: markdown tables (pandas) and PNG figures (matplotlib, Agg backend) from
+"""`retire report RESULTS.json [--out DIR]` (and `retire report --compare OLD NEW`, retire/report/compare.py): markdown tables (pandas) and PNG figures (matplotlib, Agg backend) from
 a results file.
 
 Invariant: figures and tables are derived only from the input file; nothing is recomputed, resampled or invented (no
@@ -27,6 +27,9 @@ Inputs, detected by shape (anything else, or an unreadable file, exits 2 with a 
                             executions over time                                       -> table + replay_timeline.png
                             With per-arm replay metrics (`metric[arm]`, perf/test_bench_replay.py) it also gets a
                             Table 9 style per-arm table, the per-pair ratios and the recorded "targets" verdicts.
+    cost-growth curves      "growth_curves": [{"name", "x_label", "y_label", "series": {name: [{"x", "y"}]},
+                            "fit": {name: {"exponent", "r2", "points"}}, "complexity"}] (perf/test_bench_growth.py)
+                                                  -> per curve: statement, fits, table + growth_<name>.png
     revision-rate matrix    "replay_matrix": [{rate, concurrency, policy, quantum, ...}] (+ "best_native_quantum")
                             (paper A.2.2)                                              -> the rows as recorded
     FENCE at step boundary "fence_latency_s[arm]"; successor TTFT "successor_ttft_s[arm]"; no-revision cost
@@ -150,12 +153,20 @@ def render(path: Path, out: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="retire report", description="markdown tables and PNG figures from a results "
                                  "JSON (pytest-benchmark, results/demo.json, or `retire conform --json`)")
-    ap.add_argument("results", type=Path, help="the results JSON")
+    ap.add_argument("results", type=Path, nargs="?", help="the results JSON")
+    ap.add_argument("--compare", type=Path, nargs=2, metavar=("OLD", "NEW"), default=None,
+                    help="print per-metric NEW/OLD ratios between two pytest-benchmark JSONs instead")
+    ap.add_argument("--threshold", type=float, default=0.10, help="with --compare: flag ratios beyond 1 +- this")
     ap.add_argument("--out", type=Path, default=None, help="output directory (default: the input's directory)")
     try:
         a = ap.parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as e:  # argparse: -h is 0, a usage error is 2
         return e.code if isinstance(e.code, int) else 2
+    if a.compare is not None:
+        return _compare(*a.compare, threshold=a.threshold)
+    if a.results is None:
+        print("retire report: give a results JSON, or --compare OLD NEW", file=sys.stderr)
+        return 2
     out = a.out if a.out is not None else a.results.resolve().parent
     try:
         text = render(a.results, out)
@@ -165,6 +176,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(text, end="")
     print(f"[retire report] wrote {out / 'report.md'}", file=sys.stderr)
+    return 0
+
+
+def _compare(old: Path, new: Path, *, threshold: float) -> int:
+    from . import compare
+    try:
+        docs = [load(p) for p in (old, new)]
+    except InputError as e:
+        print(f"retire report: {e}", file=sys.stderr)
+        return 2
+    for p, (kind, _) in zip((old, new), docs):
+        if kind != "bench":
+            print(f"retire report: --compare takes pytest-benchmark JSONs; {p} is a {kind} file", file=sys.stderr)
+            return 2
+    print(compare.render(old.name, new.name, compare.compare(docs[0][1], docs[1][1], threshold=threshold)), end="")
     return 0
 
 

@@ -27,6 +27,8 @@ ORDER = ("FENCE latency at the step boundary", "Successor TTFT", "No-revision co
 
 
 def family(ei: dict) -> str:
+    if isinstance(ei.get("growth_curves"), list):
+        return "growth"
     if "case" in ei and any(k.startswith("interruption_to_successor_s[") for k in ei):
         return "interruption"
     if "prefill_unit_tokens" in ei and any(k.startswith("fence_latency_") for k in ei):
@@ -192,6 +194,39 @@ def replay_sections(groups: dict) -> list[str]:
     return lines
 
 
+def growth_curves(bs: list[dict]) -> list[dict]:
+    """Every well-formed curve of the growth benchmarks: {"name", "series": {name: [{"x", "y"}]}, ...}."""
+    out = []
+    for b in bs:
+        for c in b["extra_info"].get("growth_curves") or []:
+            if isinstance(c, dict) and isinstance(c.get("series"), dict) and c.get("name"):
+                out.append(c)
+    return out
+
+
+def _drawable(c: dict) -> bool:
+    return any((med(r.get("y")) or 0) > 0 for rows in c["series"].values() for r in rows if isinstance(r, dict))
+
+
+def growth_section(c: dict) -> list[str]:
+    """One cost-growth curve: its complexity statement, the fitted exponents and a table x | series medians."""
+    xs = sorted({r["x"] for rows in c["series"].values() for r in rows if isinstance(r, dict) and "x" in r})
+    rows = []
+    for x in xs:
+        row = {c.get("x_label", "x"): num(x)}
+        for name, pts in c["series"].items():
+            row[name] = next((cell(r.get("y")) for r in pts if isinstance(r, dict) and r.get("x") == x), None)
+        rows.append(row)
+    fits = "; ".join(f"{k}: exponent {num(v.get('exponent'))} (r² {num(v.get('r2'))}, {num(v.get('points'))} "
+                     f"points)" for k, v in (c.get("fit") or {}).items() if isinstance(v, dict))
+    lines = [f"### {c['name'].replace('_', ' ')} ({c.get('y_label', '')})", ""]
+    if c.get("complexity"):
+        lines += [f"Complexity: {c['complexity']}", ""]
+    if fits:
+        lines += [f"Log-log fits of the medians: {fits}", ""]
+    return lines + [md(pd.DataFrame(rows).replace("–", None)) if rows else "_no points_", ""]
+
+
 def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
@@ -228,6 +263,13 @@ def report(doc: dict, out: Path) -> list[str]:
                             "peak current": num(max(p["current"] for p in ps)),
                             "peak obsolete": num(max(p["obsolete"] for p in ps))} for a, ps in tls.items()])
         lines += ["## Replay timeline", "", md(df), ""]
+    curves = growth_curves(groups.get("growth", []))
+    if curves:
+        lines += ["## Cost-growth curves", ""]
+        for b in groups.get("growth", []):
+            lines += [context(b["extra_info"]), ""] if context(b["extra_info"]) else []
+        for c in curves:
+            lines += growth_section(c)
     for b in groups.get("other", []):
         lines += [f"## Other benchmark: {label(b)}", "", context(b["extra_info"]), "",
                   generic_table(b["extra_info"]), ""]
@@ -243,4 +285,7 @@ def report(doc: dict, out: Path) -> list[str]:
                                    "no churn data (extra_info 'churn_curve', or 'churn_fraction' + "
                                    "'retained_tokens_<arm>', with numeric values)"), "",
                     figures.figure("replay_timeline.png", out, tls, figures.replay_timeline,
-                                   "no timeline data (extra_info 'timeline': [{'t', 'current', 'obsolete'}] per arm)")]
+                                   "no timeline data (extra_info 'timeline': [{'t', 'current', 'obsolete'}] per arm)"),
+                    *[x for c in curves for x in ("", figures.figure(
+                        f"growth_{c['name']}.png", out, c if _drawable(c) else None, figures.growth,
+                        "no positive median to draw on log axes"))]]

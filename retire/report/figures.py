@@ -91,6 +91,26 @@ def replay_timeline(tls: dict[str, list[dict]], out: Path) -> str:
     return f"{len(tls)} arm(s): {', '.join(tls)}"
 
 
+def growth(c: dict, out: Path) -> str:
+    """A cost-growth curve (perf/test_bench_growth.py): one line per series, log-log, medians with min..max bars."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
+    drawn = 0
+    for name, rows in c["series"].items():
+        pts = [(r["x"], r["y"]) for r in rows if med(r.get("y")) is not None and med(r.get("y")) > 0]
+        if pts:
+            fit = (c.get("fit") or {}).get(name)
+            label = name + (f" (exponent {num(fit['exponent'])})" if fit else "")
+            _errbar(ax, [x for x, _ in pts], [y for _, y in pts], label=label)
+            drawn += 1
+    ax.set(xscale="log", yscale="log", xlabel=c.get("x_label", "x"), ylabel=c.get("y_label", "y"),
+           title=c.get("name", "").replace("_", " "))
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    _save(plt, fig, out)
+    return f"{drawn} series over {len({r['x'] for rows in c['series'].values() for r in rows})} points"
+
+
 def figure(name: str, out: Path, data, draw, missing: str) -> str:
     """One markdown line per figure: drawn (with the image link) or skipped (with the reason). Never raises."""
     if not data:

@@ -20,6 +20,10 @@ SHAPES: dict[str, dict[str, Any]] = {
     # long steps for in-step safe points: the unit (2K/4K/8K) is set at run time with `set_step_tokens`
     "long-8k": dict(model="long", max_model_len=17408, max_num_batched_tokens=8192, max_num_seqs=8),
     "long-16k": dict(model="long", max_model_len=32768, max_num_batched_tokens=16384, max_num_seqs=8),
+    # cost-growth curves (perf/test_bench_growth.py): successor TTFT up to a 32,000-token prompt in the `long` chunk
+    # shape (its own oracle: no other shape holds 32K), and >= 256 live scopes all running at once
+    "long-32k": dict(model="long", max_model_len=32768, max_num_batched_tokens=2048, max_num_seqs=8),
+    "unit-wide": dict(model="unit", max_model_len=2048, max_num_batched_tokens=1024, max_num_seqs=512),
     # ngram speculative decoding (3 draft tokens); its oracle is a stock engine with the same speculative config
     "unit-spec": dict(model="unit", max_model_len=2048, max_num_batched_tokens=256, max_num_seqs=16,
                       speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4,

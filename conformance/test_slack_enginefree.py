@@ -1,0 +1,227 @@
+"""Revision slack, engine-free (retire/slack.py): a real RetireScheduler with a sliding-window KV group next to the
+full-attention one (vLLM's own Scheduler, KVCacheManager, SlidingWindowManager, BlockPool; no model).
+
+Oracles stand outside the core: the test records which physical block vLLM put at each table position after every
+step (vLLM's `req_to_blocks`, read before vLLM drops it), and judges by vLLM's own `ref_cnt` and free-block count,
+and by the successor's block table as vLLM holds it. Checked:
+- kept blocks survive vLLM's drop (its table holds the null block there, the block keeps ref_cnt 1 and stays out of
+  the free queue), and a successor whose LCP lies up to S tokens behind the frontier adopts exactly them;
+- as the frontier moves past S the blocks more than S behind return to the free queue (ref_cnt 0); at the version's
+  end (finished, RECLAIM) every kept block is given back; a successor that keeps a slack takes over the kept blocks
+  its own slack covers (a chain e0 -> e1 -> e2 inherits behind e1's inherited length);
+- the kept blocks count against the tenant's pin quota: the version's own quota bounds them (a quota too small goes
+  cold naming the quota), and another scope's handoff under a quota sees them;
+- the refcount audit balances after every path (ref_cnt == table references + pins), drained: every block free.
+
+Negative controls: slack off goes cold with the "sliding window" reason where slack on inherits; a slack that
+forgets its pins without giving the references back is reported by the audit.
+"""
+from __future__ import annotations
+
+import pytest
+
+from conformance.fixtures.enginefree import EngineFreeCore
+from conformance.fixtures.prompts import revise, tokens
+from retire import Contract
+
+W, BS = 64, 32  # sliding window and block size of the engine-free model
+SLACK = Contract(slack=True, slack_tokens=512)
+
+
+def first_needed(n: int) -> int:
+    """vLLM's rule (SlidingWindowManager.get_num_skipped_tokens): positions before this are not attended at n."""
+    return max(0, n - W + 1) // BS
+
+
+class Recorder:
+    """Which block vLLM placed at each sliding-table position of each request (first sighting; read from vLLM's
+    tables after every step, i.e. before the next schedule() drops anything)."""
+
+    def __init__(self, core: EngineFreeCore):
+        self.core = core
+        self.g = core.s.retire.slack.sliding[0]
+        self.seen: dict[str, dict[int, int]] = {}
+
+    def step(self, k: int = 1) -> None:
+        for _ in range(k):
+            self.core.step()
+            self.observe()
+
+    def observe(self) -> None:
+        port = self.core.port
+        for rid in port.request_ids():
+            pos = self.seen.setdefault(rid, {})
+            for i, b in enumerate(port.blocks(rid)[self.g]):
+                if b != port.null_block_id:
+                    pos.setdefault(i, b)
+
+    def table(self, rid: str) -> list[int]:
+        return self.core.port.blocks(rid)[self.g]
+
+
+def _core(**kw) -> tuple[EngineFreeCore, Recorder]:
+    core = EngineFreeCore(num_blocks=kw.pop("num_blocks", 256), sliding_window=W, max_model_len=4096, **kw)
+    return core, Recorder(core)
+
+
+def _run_to(rec: Recorder, rid: str, frontier: int) -> None:
+    while rec.core.port.frontier(rid) < frontier:
+        rec.step()
+
+
+def _extra_refs(core) -> dict[int, int]:
+    """References vLLM counts beyond those of live block tables (pins), per block: from vLLM's own ref_cnt."""
+    from collections import Counter
+    tables = Counter(b for t in core.port.tables() for b in t if b != core.port.null_block_id)
+    return {b: n - tables.get(b, 0) for b, n in core.port.ref_counts().items() if n != tables.get(b, 0)}
+
+
+def _drained(core, baseline: int) -> None:
+    core.drain()
+    rep = core.audit()
+    assert rep["valid"], rep["violations"]
+    assert core.port.free_block_count() == baseline
+
+
+# ---------------------------------------------------------------------------------------------- survive, adopt, release
+@pytest.mark.parametrize("behind", [W // 2, W, 2 * W, 4 * W])
+def test_kept_blocks_survive_the_drop_and_are_adopted(behind):
+    """Predecessor at frontier 1000 (prefill) + decode; the revision's LCP lies `behind` tokens behind the frontier
+    (0.5, 1, 2, 4 windows): the successor inherits the whole block-aligned LCP, its sliding table holds exactly the
+    blocks vLLM had placed there (already dropped from the predecessor's table)."""
+    core, rec = _core()
+    baseline = core.port.free_block_count()
+    prompt = tokens(1000, 3)
+    old = core.submit("t", "s", prompt, max_tokens=64, contract=SLACK)
+    _run_to(rec, old, 1000)
+    rec.step(3)
+    f = core.port.frontier(old)
+    lcp = f - behind
+    n = lcp // BS * BS
+    dropped = [i for i in range(first_needed(n), n // BS) if rec.table(old)[i] == core.port.null_block_id]
+    assert dropped or behind < W, "vLLM did not drop the window's blocks: the case tests nothing"
+    refs = core.port.ref_counts()
+    assert all(refs.get(rec.seen[old][i]) == 1 for i in dropped), "a kept block left vLLM's ref_cnt 1"
+    revised = revise(list(core.s.requests[old].all_token_ids), lcp, lcp + 40, 5)  # prompt + generated tokens
+    res, new = core.supersede("t", "s", 0, revised, contract=Contract())
+    assert res.cold_reason is None and res.inherited_tokens == n, res
+    succ = rec.table(new)
+    assert [succ[i] for i in range(first_needed(n), n // BS)] == [rec.seen[old][i] for i in
+                                                                   range(first_needed(n), n // BS)]
+    assert all(b == core.port.null_block_id for b in succ[:first_needed(n)])  # placeholders stay placeholders
+    assert core.audit()["valid"], core.audit()["violations"]
+    _drained(core, baseline)
+
+
+def test_negative_control_slack_off_goes_cold_with_the_sliding_window_reason():
+    core, rec = _core()
+    prompt = tokens(1000, 3)
+    core.submit("t", "s", prompt, max_tokens=64)  # no slack
+    _run_to(rec, core.current("t", "s").req_id, 1000)
+    rec.step(2)  # two decode steps: vLLM's schedule() dropped the blocks behind the window
+    res, _ = core.supersede("t", "s", 0, revise(prompt, 1000 - 2 * W, 1000, 5))
+    assert res.inherited_tokens == 0 and "sliding window" in res.cold_reason, res
+    assert "no revision slack" in res.cold_reason, res.cold_reason
+
+
+def test_released_as_the_frontier_moves_past_s():
+    core, rec = _core()
+    s = 256
+    old = core.submit("t", "s", tokens(1200, 4), max_tokens=8, contract=Contract(slack=True, slack_tokens=s))
+    _run_to(rec, old, 1200)
+    rec.step()  # one decode step: vLLM's schedule() dropped everything behind the window ending at 1200
+    f = core.port.frontier(old)
+    lo, hi = first_needed(f - s), first_needed(f)
+    kept = {rec.seen[old][i] for i in range(lo, hi)}
+    assert all(rec.table(old)[i] == core.port.null_block_id for i in range(hi))  # vLLM's table: all dropped
+    # the only references beyond vLLM's tables are one per kept block; blocks further behind went back (a block
+    # freed there may since hold another position of some table, counted as that table's)
+    assert _extra_refs(core) == {b: 1 for b in kept} and len(kept) == s // BS, (lo, hi)
+    # the version finishes normally: every kept block is given back in the step that finished it
+    while core.port.live(old):
+        rec.step()
+    refs = core.port.ref_counts()
+    assert all(refs.get(b, 0) == 0 for b in kept) and not _extra_refs(core)
+    assert core.audit()["valid"]
+
+
+def test_reclaim_gives_back_and_a_successor_with_slack_takes_over_a_chain():
+    """e0 (slack) -> e1 inherits and keeps a slack -> e2's LCP lies behind e1's inherited length but within e1's
+    slack: e2 inherits. Without e1's slack the same chain goes cold at e2."""
+    for e1_slack, want_cold in ((SLACK, False), (Contract(), True)):
+        core, rec = _core()
+        baseline = core.port.free_block_count()
+        prompt = tokens(1000, 6)
+        e0 = core.submit("t", "s", prompt, max_tokens=64, contract=SLACK)
+        _run_to(rec, e0, 1000)
+        r1 = revise(prompt, 900, 1100, 6)
+        res1, e1 = core.supersede("t", "s", 0, r1, contract=e1_slack)
+        assert res1.inherited_tokens == 896, res1
+        before_e2 = dict(core.port.ref_counts())
+        if not e1_slack.slack:  # RECLAIM gave every kept block of e0 back
+            assert not _extra_refs(core), _extra_refs(core)
+        rec.observe()
+        r2 = revise(r1, 700, 760, 7)  # LCP 700: 196 tokens behind e1's inherited 896 (3 windows)
+        res2, e2 = core.supersede("t", "s", 1, r2, contract=Contract())
+        if want_cold:
+            assert res2.inherited_tokens == 0 and "sliding window" in res2.cold_reason, res2
+        else:
+            assert res2.cold_reason is None and res2.inherited_tokens == 672, res2
+            assert before_e2.get(rec.seen[e0][first_needed(672)]) == 1  # e1 held e0's block at that position
+        _drained(core, baseline)
+
+
+# ---------------------------------------------------------------------------------------------- quota
+def test_the_versions_quota_bounds_the_slack_and_a_small_quota_goes_cold_naming_it():
+    core, rec = _core()
+    prompt = tokens(1000, 8)
+    old = core.submit("t", "s", prompt, max_tokens=64, contract=Contract(slack=True, slack_tokens=512,
+                                                                         pin_quota_blocks=4))
+    _run_to(rec, old, 1000)
+    assert sum(_extra_refs(core).values()) == 4  # 16 wanted, 4 allowed: the 4 nearest the frontier
+    f = core.port.frontier(old)
+    near = {rec.seen[old][i] for i in range(first_needed(f) - 4, first_needed(f))}
+    assert set(_extra_refs(core)) == near
+    res, _ = core.supersede("t", "s", 0, revise(prompt, f - 4 * W, f, 9), contract=Contract())
+    assert res.inherited_tokens == 0 and "sliding window" in res.cold_reason and "pin quota" in res.cold_reason, res
+    assert core.audit()["valid"]
+
+
+def test_kept_blocks_count_against_the_tenants_quota_for_another_scope():
+    """Scope a keeps 8 slack blocks (S = 256); scope b of the same tenant (with a slack of its own, which its own
+    handoff re-pins and so does not count twice) is superseded under pin_quota_blocks=10: 2 blocks are left for its
+    handoff (1 per KV group: 32 tokens). When a belongs to another tenant, b gets the whole quota (5 per group)."""
+    inherited = {}
+    for tenant_a in ("t", "other"):
+        core, rec = _core(num_blocks=512)
+        a = core.submit(tenant_a, "a", tokens(900, 10), max_tokens=200, contract=Contract(slack=True,
+                                                                                          slack_tokens=256))
+        pb = tokens(300, 11)
+        b = core.submit("t", "b", pb, max_tokens=200, contract=Contract(slack=True))
+        _run_to(rec, a, 900)
+        rec.step()
+        assert sum(n for blk, n in _extra_refs(core).items() if blk in rec.seen[a].values()) == 8
+        assert core.port.frontier(b) < 512, "b's slack must cover its whole prefix"
+        res, _ = core.supersede("t", "b", 0, revise(pb, 290, 300, 12), contract=Contract(pin_quota_blocks=10))
+        inherited[tenant_a] = res.inherited_tokens
+        assert core.audit()["valid"]
+    assert inherited == {"t": 32, "other": 160}, inherited
+
+
+# ---------------------------------------------------------------------------------------------- audit
+def test_negative_control_forgotten_slack_pins_are_reported_by_the_audit(monkeypatch):
+    from retire.slack import Slack
+
+    def forget(self, rid):  # drops the bookkeeping, keeps vLLM's references
+        k = self.kept.pop(rid, None)
+        if k is not None:
+            self.pins.pins.pop(k.pin, None)
+        return 0
+
+    monkeypatch.setattr(Slack, "release", forget)
+    core, rec = _core()
+    old = core.submit("t", "s", tokens(1000, 3), max_tokens=8, contract=SLACK)
+    _run_to(rec, old, 1000)
+    core.drain()
+    v = core.audit()["violations"]
+    assert any("leaked" in x for x in v) and any("drained but only" in x for x in v), v
