@@ -209,6 +209,22 @@ def test_common_prefix_len_and_its_limit():
     assert common_prefix_len([1, 2, 3], [1, 2, 3], limit=-4) == 0 and common_prefix_len([1], [1], limit=0) == 0
 
 
+def test_common_prefix_len_over_doubling_slices_finds_every_first_difference():
+    """Long sequences (the slices double from 64 up to 32K): the first difference at every position of interest
+    (slice edges, inside a slice, past the 32K stride cap), for lists and for other sequences (tuples, arrays)."""
+    import array
+    n = 70_000
+    base = list(range(n))
+    for d in (0, 1, 63, 64, 65, 127, 191, 192, 1000, 32_767, 32_768, 65_471, 65_472, 65_536, n - 1):
+        other = base.copy()
+        other[d] = -1
+        assert common_prefix_len(base, other) == d, d
+        assert common_prefix_len(tuple(base), array.array("q", other)) == d, d
+        assert common_prefix_len(base, other, limit=d + 1) == d and common_prefix_len(base, other, limit=d) == d
+    assert common_prefix_len(base, base) == n and common_prefix_len(base, base[:-1]) == n - 1
+    assert common_prefix_len(base, base, limit=40_000) == 40_000
+
+
 def test_alignment_unit_is_the_block_or_the_lcm_with_the_chunk_under_exact():
     assert alignment_unit(32, "tolerant", 256) == 32 and alignment_unit(32, "exact", 256) == 256
     assert alignment_unit(96, "exact", 256) == 768 and alignment_unit(48, "exact", 32) == 96
@@ -340,3 +356,48 @@ def test_chunk_shape_default_bounds_keep_1024_requests_and_64_chunks_each():
     for start in range(70):
         s.observe("long", start, 1, 100)
     assert s.log("long") == [(i, 1) for i in range(64)] and s.extent("long") == 70  # the log stops, the extent not
+
+
+def test_slack_pins_grow_shrink_and_move_block_by_block(core):
+    """grow takes one reference per block (creating the pin), shrink gives back exactly those blocks (a block pinned
+    twice keeps one), move re-keys blocks to another pin of the tenant without touching a reference; the pin ends
+    when it holds nothing; refused calls (another tenant's pin, blocks the pin does not hold) change nothing."""
+    port = core.port
+    blocks = port.alloc(4)
+    led = PinLedger(port)
+    a, b = PinKey(VersionKey(SK, 1), "slack"), PinKey(VersionKey(SK, 2), "slack")
+    other = PinKey(VersionKey(ScopeKey("ns", "u", "s"), 1), "slack")
+    refs = lambda: [_ref(core, x) for x in blocks]  # noqa: E731
+    try:
+        led.grow(a, "t", [])
+        assert led.pins == {} and led.held(a) == 0
+        led.grow(a, "t", blocks[:2])
+        led.grow(a, "t", [blocks[1], blocks[2]])  # block 1 twice: two references
+        assert refs() == [2, 3, 2, 1] and led.held(a) == 4 and led.pinned("t") == 4
+        with pytest.raises(RuntimeError, match=r"belongs to tenant 't'"):
+            led.grow(a, "u", blocks[3:])
+        assert refs() == [2, 3, 2, 1] and led.pinned("u") == 0
+        with pytest.raises(RuntimeError, match=r"does not hold \[%d\]" % blocks[3]):
+            led.shrink(a, [blocks[0], blocks[3]])
+        assert refs() == [2, 3, 2, 1] and led.held(a) == 4
+        assert led.shrink(a, [blocks[1]]) == 1 and refs() == [2, 2, 2, 1] and led.pins[a].blocks.count(blocks[1]) == 1
+        assert led.shrink(a, []) == 0 and led.shrink(b, blocks[:1]) == 0 and refs() == [2, 2, 2, 1]
+        led.move(a, b, [])
+        led.move(b, a, blocks[:1])  # no such source pin: nothing
+        assert led.held(a) == 3 and b not in led.pins
+        with pytest.raises(RuntimeError, match=r"does not hold \[%d\]" % blocks[3]):
+            led.move(a, b, [blocks[3]])
+        led.move(a, b, [blocks[0]])
+        assert refs() == [2, 2, 2, 1] and led.held(a) == 2 and led.held(b) == 1 and led.pinned("t") == 3
+        led.move(a, b, [blocks[2]])  # into an existing pin
+        assert led.pins[b].blocks == [blocks[0], blocks[2]] and led.held(a) == 1
+        led.grow(other, "u", blocks[3:])
+        with pytest.raises(RuntimeError, match=r"belongs to tenant 'u', not 't'"):
+            led.move(a, other, [blocks[1]])
+        led.move(a, b, [blocks[1]])  # the last block: the source pin ends
+        assert a not in led.pins and led.held(b) == 3 and refs() == [2, 2, 2, 2]
+        assert led.shrink(b, [blocks[0], blocks[1], blocks[2]]) == 3 and b not in led.pins
+        assert "t" not in led.by_tenant and led.pinned("u") == 1 and refs() == [1, 1, 1, 2]
+        assert led.shrink(other, blocks[3:]) == 1 and led.pins == {} and led.by_tenant == Counter()
+    finally:
+        port.unpin(blocks)
