@@ -5,7 +5,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export VLLM_LOGGING_LEVEL ?= WARNING
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv models run test test-all bench soak explore clean seams seams-versions conform conform-versions gate-controls serve serve-test serve-test-slow serve-bench
+.PHONY: venv models run test test-all bench soak explore mutate clean seams seams-versions conform conform-versions gate-controls serve serve-test serve-test-slow serve-bench
 
 venv:
 	@bash scripts/bootstrap.sh
@@ -27,6 +27,15 @@ bench: models
 
 explore: models
 	$(PY) -m conformance.explore --schedules 10000 --workers 2 --json results/explore-10k.json
+
+# mutation testing of the control-plane core against the engine-free suite (docs/mutation.md): a fresh run every
+# time (mutmut's cache would keep verdicts across test changes), then the score table and every survivor; fails if
+# the primary modules score below 90% or a survivor is not classified in docs/mutation.md
+mutate: models
+	rm -rf mutants
+	nice -n 10 .venv/bin/mutmut run --max-children 2
+	$(PY) -m conformance.mutation_report --survivors --min-score 90 --documented docs/mutation.md \
+		--out results/mutation.txt
 
 # the real-engine state machine at 1,000 examples; its last line: schedules, supersedes, faults, violations, wall time
 soak: models
