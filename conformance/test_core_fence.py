@@ -407,3 +407,12 @@ def test_cut_steps_are_counted():
     core.step(cut=True)
     core.step()
     assert core.s("stats")["cut_steps"] == 2
+
+
+def test_forget_drops_the_draft_records_of_requests_not_kept_only():
+    """`Fence.forget(keep)` (the full prune) drops the records of requests `keep` rejects and only those."""
+    from retire.fence import Fence
+    f = Fence(EngineFreeCore().port)
+    f.note_drafts({"live": (3, 2), "gone": (5, 1)})
+    f.forget({"live"}.__contains__)
+    assert set(f.drafts) == {"live"} and f.drafts["live"]["drafted"] == 3
