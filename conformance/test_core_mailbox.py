@@ -284,11 +284,43 @@ def test_wait_pause_count_needs_both_a_new_pause_and_a_held_worker(mb):
     the worker no longer held, does not satisfy the barrier: it times out with its message."""
     mb._set(6, 1)
     mb._set(1, 1)  # held, but only the pause already counted
-    with pytest.raises(TimeoutError, match=r"never reached the moved safe point"):
+    with pytest.raises(TimeoutError, match=r"^worker never reached the moved safe point$"):
         asyncio.run(mb.wait_pause_count(1, timeout=0.01))  # no worker comes: the bound is the fault under test
     mb._set(6, 2)
     mb._set(1, 0)  # a new pause counted, but the worker is not held
-    with pytest.raises(TimeoutError, match=r"never reached the moved safe point"):
+    with pytest.raises(TimeoutError, match=r"^worker never reached the moved safe point$"):
         asyncio.run(mb.wait_pause_count(1, timeout=0.01))
     mb._set(1, 1)
     asyncio.run(mb.wait_pause_count(1, timeout=10))  # both: returns
+
+
+def test_wait_pause_count_waits_for_a_worker_that_arrives_after_the_wait_began(mb):
+    """The worker reaches the armed layer only after the frontend's first look at the pause count (gated on an Event
+    set by that look), so the barrier must poll, within its bound, rather than give up or return early."""
+    looked = threading.Event()
+
+    class Watched(Mailbox):
+        def _get(self, i):
+            r = super()._get(i)
+            if i == 6:
+                looked.set()
+            return r
+
+    front = Watched(mb.path)
+    mb.arm_pause(0)
+    done = threading.Event()
+
+    def run():
+        looked.wait(10)
+        mb.worker_pause_point(0, [])
+        done.set()
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    try:
+        asyncio.run(front.wait_pause_count(0, timeout=10))
+        assert mb.paused() and mb._get(6) == 1 and not done.is_set()
+    finally:
+        mb.release()
+        t.join(timeout=10)
+        front.close()
+    assert done.is_set()
