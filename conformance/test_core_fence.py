@@ -261,7 +261,7 @@ class _ClosurePort:
 
     def sharers(self, ids):
         self.shared.append(sorted(ids))
-        return ["s1", "s2"]
+        return ["s1", "s2", "s3"]
 
     def preempt(self, rid):
         self.preempted.append(rid)
@@ -278,8 +278,8 @@ def test_closure_log_is_bounded_and_skips_requests_with_nothing_scheduled():
     assert rolled == ["a", "c", "d"] and port.rolled == [("a", 0, 64), ("c", 64, 96), ("d", 96, 128)]
     assert port.evicted == [[0, 2, 3]] and list(c.log) == ["c", "d"]  # at most 2 decisions kept, oldest dropped
     assert c.log["d"] == {"layer": 1, "closed_at": 5.0, "rolled_back_to": 96} and c.cut_steps == 1
-    assert port.shared == [[0, 2, 3]] and port.preempted == ["s1", "s2"]  # sharers of the evicted blocks
-    assert c.counts == {"revoked_rolled_back": 3, "sharers_preempted": 1}  # s2: vLLM did not preempt it
+    assert port.shared == [[0, 2, 3]] and port.preempted == ["s1", "s2", "s3"]  # sharers of the evicted blocks
+    assert c.counts == {"revoked_rolled_back": 3, "sharers_preempted": 2}  # s2: vLLM did not preempt it
     off = WriterClosure(_ClosurePort())
     assert off.close({"chunks": {"a": (0, 64)}}, 1.0, enabled=False) == []  # the negative-control switch
     assert off.port.rolled == [] and off.port.evicted == [] and off.log["a"] == {"closed_at": 1.0, "rolled_back_to": 0}
@@ -311,8 +311,8 @@ def test_closure_of_a_mixed_cut_rolls_back_innocents_logs_only_the_revoked_and_p
     assert c.close(cut, 3.0) == ["i", "a"] and port.rolled == [("i", 0, 32), ("a", 64, 96)]
     assert list(c.log) == ["a"] and c.log["a"] == {"layer": 2, "req_ids": ["a"], "closed_at": 3.0,
                                                    "rolled_back_to": 64}
-    assert port.evicted == [[0, 2]] and port.preempted == ["s1", "s2"]
-    assert c.counts == {"innocents_rolled_back": 1, "revoked_rolled_back": 1, "sharers_preempted": 1}
+    assert port.evicted == [[0, 2]] and port.preempted == ["s1", "s2", "s3"]
+    assert c.counts == {"innocents_rolled_back": 1, "revoked_rolled_back": 1, "sharers_preempted": 2}
     port = _ClosurePort()
     c = WriterClosure(port)
     assert c.close(cut, 3.0, innocents=False) == ["a"] and port.rolled == [("a", 64, 96)]
