@@ -243,34 +243,44 @@ def test_cut_step_rolls_every_scheduled_request_back_and_evicts_the_cut_blocks_h
     assert core.s.retire.closure.take(None) is None and core.s.retire.closure.take(b) is None
 
 
+class _ClosurePort:
+    """The port calls of the writer closure, recorded (a chunk of block size 32 starts at block start // 32)."""
+
+    def __init__(self):
+        self.rolled, self.evicted, self.shared, self.preempted = [], [], [], []
+
+    def live(self, rid):
+        return rid != "gone"
+
+    def rollback(self, rid, start, end):
+        self.rolled.append((rid, start, end))
+        return [start // 32]
+
+    def evict_hashes(self, ids):
+        self.evicted.append(sorted(ids))
+
+    def sharers(self, ids):
+        self.shared.append(sorted(ids))
+        return ["s1", "s2", "s3"]
+
+    def preempt(self, rid):
+        self.preempted.append(rid)
+        return rid != "s2"
+
+
 def test_closure_log_is_bounded_and_skips_requests_with_nothing_scheduled():
     from retire.closure import WriterClosure
 
-    class Port:
-        def __init__(self):
-            self.rolled, self.evicted = [], []
-
-        def live(self, rid):
-            return rid != "gone"
-
-        def rollback(self, rid, start, end):
-            self.rolled.append((rid, start, end))
-            return [start // 32]
-
-        def evict_hashes(self, ids):
-            self.evicted.append(sorted(ids))
-
-        def sharers(self, ids):  # no running request reused the cut blocks
-            return []
-
-    port = Port()
+    port = _ClosurePort()
     c = WriterClosure(port, max_log=2)
     rolled = c.close({"chunks": {"a": (0, 64), "b": (32, 0), "gone": (0, 32), "c": (64, 32), "d": (96, 32)},
-                      "decision": {"layer": 1}}, 5.0)
+                      "decision": {"layer": 1}}, 5.0)  # no req_ids in the decision: every chunk is revoked
     assert rolled == ["a", "c", "d"] and port.rolled == [("a", 0, 64), ("c", 64, 96), ("d", 96, 128)]
     assert port.evicted == [[0, 2, 3]] and list(c.log) == ["c", "d"]  # at most 2 decisions kept, oldest dropped
     assert c.log["d"] == {"layer": 1, "closed_at": 5.0, "rolled_back_to": 96} and c.cut_steps == 1
-    off = WriterClosure(Port())
+    assert port.shared == [[0, 2, 3]] and port.preempted == ["s1", "s2", "s3"]  # sharers of the evicted blocks
+    assert c.counts == {"revoked_rolled_back": 3, "sharers_preempted": 2}  # s2: vLLM did not preempt it
+    off = WriterClosure(_ClosurePort())
     assert off.close({"chunks": {"a": (0, 64)}}, 1.0, enabled=False) == []  # the negative-control switch
     assert off.port.rolled == [] and off.port.evicted == [] and off.log["a"] == {"closed_at": 1.0, "rolled_back_to": 0}
 
@@ -288,6 +298,30 @@ def test_closure_log_default_bound_keeps_the_newest_1024_decisions():
     c = WriterClosure(Port())
     c.close({"chunks": {f"r{i}": (0, 32) for i in range(1025)}}, 1.0)
     assert len(c.log) == 1024 and "r0" not in c.log and "r1" in c.log and "r1024" in c.log
+
+
+def test_closure_of_a_mixed_cut_rolls_back_innocents_logs_only_the_revoked_and_preempts_sharers():
+    """A decision naming its revoked requests: every scheduled chunk is rolled back (revoked and innocent), only
+    the revoked ones get a decision log, sharers of the evicted blocks are preempted. `innocents=False` (the test
+    switch) rolls back only the revoked and preempts no one; `enabled=False` rolls back nothing."""
+    from retire.closure import WriterClosure
+    cut = {"chunks": {"i": (0, 32), "a": (64, 32)}, "decision": {"layer": 2, "req_ids": ["a"]}}
+    port = _ClosurePort()
+    c = WriterClosure(port)
+    assert c.close(cut, 3.0) == ["i", "a"] and port.rolled == [("i", 0, 32), ("a", 64, 96)]
+    assert list(c.log) == ["a"] and c.log["a"] == {"layer": 2, "req_ids": ["a"], "closed_at": 3.0,
+                                                   "rolled_back_to": 64}
+    assert port.evicted == [[0, 2]] and port.preempted == ["s1", "s2", "s3"]
+    assert c.counts == {"innocents_rolled_back": 1, "revoked_rolled_back": 1, "sharers_preempted": 2}
+    port = _ClosurePort()
+    c = WriterClosure(port)
+    assert c.close(cut, 3.0, innocents=False) == ["a"] and port.rolled == [("a", 64, 96)]
+    assert port.evicted == [[2]] and port.shared == [] and list(c.log) == ["a"]
+    assert c.counts == {"revoked_rolled_back": 1}
+    port = _ClosurePort()
+    c = WriterClosure(port)
+    assert c.close(cut, 3.0, enabled=False) == [] and port.rolled == [] and port.evicted == []
+    assert list(c.log) == ["a"] and c.counts == {} and c.cut_steps == 1
 
 
 # ------------------------------------------------------------------------------------------------ edge receipts
@@ -410,3 +444,12 @@ def test_cut_steps_are_counted():
     core.step(cut=True)
     core.step()
     assert core.s("stats")["cut_steps"] == 2
+
+
+def test_forget_drops_the_draft_records_of_requests_not_kept_only():
+    """`Fence.forget(keep)` (the full prune) drops the records of requests `keep` rejects and only those."""
+    from retire.fence import Fence
+    f = Fence(EngineFreeCore().port)
+    f.note_drafts({"live": (3, 2), "gone": (5, 1)})
+    f.forget({"live"}.__contains__)
+    assert set(f.drafts) == {"live"} and f.drafts["live"]["drafted"] == 3

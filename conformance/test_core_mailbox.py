@@ -245,3 +245,82 @@ def test_wait_paused_waits_for_a_worker_that_arrives_after_the_wait_began(mb):
         t.join(timeout=10)
         front.close()
     assert done.is_set()
+
+
+def test_move_pause_arms_the_new_layer_then_releases_and_returns_the_pause_count(mb):
+    mb._set(6, 5)  # five pauses taken so far
+    mb.arm_pause(1)
+    assert mb.move_pause(3) == 5
+    assert mb._get(0) == 4 and mb._get(2) == 1 and mb._get(6) == 5
+
+
+def test_a_moved_pause_holds_the_same_step_again_at_the_later_layer(mb):
+    """One worker step walks layers 0..4: held at layer 1, moved to layer 3 (the frontend waits past the pause
+    count it had), held there with layers 0..2 done, then released to finish the step."""
+    passed: list[int] = []
+    done = threading.Event()
+
+    def run():
+        for layer in range(5):
+            mb.worker_pause_point(layer, [])
+            passed.append(layer)
+        done.set()
+    mb.arm_pause(1)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    try:
+        asyncio.run(mb.wait_paused(timeout=10))
+        assert passed == [0] and mb._get(6) == 1
+        asyncio.run(mb.wait_pause_count(mb.move_pause(3), timeout=10))
+        assert mb.paused() and passed == [0, 1, 2] and mb._get(6) == 2 and not done.is_set()
+    finally:
+        mb.release()
+        t.join(timeout=10)
+    assert done.is_set() and passed == [0, 1, 2, 3, 4] and not mb.paused()
+
+
+def test_wait_pause_count_needs_both_a_new_pause_and_a_held_worker(mb):
+    """A held worker whose pause is not past the count (the stale pause before the move), or a count past it with
+    the worker no longer held, does not satisfy the barrier: it times out with its message."""
+    mb._set(6, 1)
+    mb._set(1, 1)  # held, but only the pause already counted
+    with pytest.raises(TimeoutError, match=r"^worker never reached the moved safe point$"):
+        asyncio.run(mb.wait_pause_count(1, timeout=0.01))  # no worker comes: the bound is the fault under test
+    mb._set(6, 2)
+    mb._set(1, 0)  # a new pause counted, but the worker is not held
+    with pytest.raises(TimeoutError, match=r"^worker never reached the moved safe point$"):
+        asyncio.run(mb.wait_pause_count(1, timeout=0.01))
+    mb._set(1, 1)
+    asyncio.run(mb.wait_pause_count(1, timeout=10))  # both: returns
+
+
+def test_wait_pause_count_waits_for_a_worker_that_arrives_after_the_wait_began(mb):
+    """The worker reaches the armed layer only after the frontend's first look at the pause count (gated on an Event
+    set by that look), so the barrier must poll, within its bound, rather than give up or return early."""
+    looked = threading.Event()
+
+    class Watched(Mailbox):
+        def _get(self, i):
+            r = super()._get(i)
+            if i == 6:
+                looked.set()
+            return r
+
+    front = Watched(mb.path)
+    mb.arm_pause(0)
+    done = threading.Event()
+
+    def run():
+        looked.wait(10)
+        mb.worker_pause_point(0, [])
+        done.set()
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    try:
+        asyncio.run(front.wait_pause_count(0, timeout=10))
+        assert mb.paused() and mb._get(6) == 1 and not done.is_set()
+    finally:
+        mb.release()
+        t.join(timeout=10)
+        front.close()
+    assert done.is_set()

@@ -521,3 +521,18 @@ def test_audit_after_drain_reports_blocks_that_did_not_come_back():
     assert v == ["block 5 leaked: ref_cnt=1 accounted=0", "drained but only 30 of 31 blocks free"], v
     core.s("leak_block_for_test", {"block_id": 5, "undo": True})
     assert core.audit()["valid"]
+
+
+def test_prune_forgets_state_of_requests_that_left_and_keeps_the_live_ones():
+    """The full prune (run by the audit) drops draft records and chunk-shape state of requests vLLM no longer has
+    (here left behind by hand, as a missed targeted forget would leave them) and keeps those of live requests."""
+    core = EngineFreeCore()
+    live = core.submit("t", "s", tokens(100, 1), max_tokens=50)
+    core.step()
+    tc = core.s.retire
+    assert live in tc.shape.exact
+    tc.fence.note_drafts({live: (2, 1), "gone": (4, 4)})
+    tc.shape.start("gone", 0, 0)
+    tc.audit()
+    assert "gone" not in tc.fence.drafts and "gone" not in tc.shape.exact and "gone" not in tc.shape.open
+    assert live in tc.fence.drafts and live in tc.shape.exact

@@ -401,3 +401,47 @@ def test_slack_pins_grow_shrink_and_move_block_by_block(core):
         assert led.shrink(other, blocks[3:]) == 1 and led.pins == {} and led.by_tenant == Counter()
     finally:
         port.unpin(blocks)
+
+
+def test_slack_pin_shrink_gives_back_a_block_held_twice_in_one_call(core):
+    """shrink([b, b]) of a pin holding b twice gives back both references and ends the pin (a block's references
+    are counted one by one, not per distinct block)."""
+    port = core.port
+    blocks = port.alloc(2)
+    led = PinLedger(port)
+    a = PinKey(VersionKey(SK, 1), "slack")
+    try:
+        led.grow(a, "t", [blocks[0], blocks[0], blocks[1]])
+        assert [_ref(core, x) for x in blocks] == [3, 2]
+        assert led.shrink(a, [blocks[0], blocks[0]]) == 2
+        assert led.pins[a].blocks == [blocks[1]] and [_ref(core, x) for x in blocks] == [1, 2]
+        assert led.shrink(a, [blocks[1]]) == 1 and led.pins == {} and led.pinned("t") == 0
+    finally:
+        port.unpin(blocks)
+
+
+def test_version_drop_forgets_tags_of_the_named_requests_only_and_tolerates_repeats():
+    """`drop` of ids the table never tagged, or tagged and already dropped (a request that left is named by both
+    the finish and the commit), is a no-op; the current entries stay (a later SUPERSEDE is still checked)."""
+    vt = VersionTable()
+    live = {"r0", "x0"}
+    vt.register("r0", _tag(0), live.__contains__)
+    vt.register("x0", _tag(0, scope=ScopeKey("ns", "t", "x")), live.__contains__)
+    cur = dict(vt.current)
+    vt.drop(["r0", "r0", "never-tagged"])
+    assert set(vt.tags) == {"x0"} and vt.current == cur
+    vt.drop([])
+    assert set(vt.tags) == {"x0"}
+
+
+def test_common_prefix_len_converts_any_non_list_slice_on_either_side():
+    """A slice that is not a list is made one before the whole-slice comparison, on either side: a numpy array's
+    `!=` is element-wise (its truth value raises), so an unconverted slice cannot be compared at all."""
+    import numpy as np
+    base = list(range(300))
+    other = base.copy()
+    other[200] = -1
+    assert common_prefix_len(np.array(base), other) == 200
+    assert common_prefix_len(base, np.array(other)) == 200
+    assert common_prefix_len(np.array(base), np.array(other)) == 200
+    assert common_prefix_len(np.array(base), base) == 300

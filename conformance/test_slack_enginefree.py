@@ -145,6 +145,19 @@ def test_released_as_the_frontier_moves_past_s():
     assert core.audit()["valid"]
 
 
+def test_an_abort_gives_every_kept_block_back_at_once():
+    """A version keeping a slack is aborted from outside (vLLM's finish_requests, between steps): every kept block
+    goes back then (vLLM's ref_cnt counts no reference beyond its tables), not at some later step."""
+    core, rec = _core()
+    old = core.submit("t", "s", tokens(1200, 4), max_tokens=64, contract=Contract(slack=True, slack_tokens=256))
+    _run_to(rec, old, 1200)
+    rec.step()
+    assert sum(_extra_refs(core).values()) == 256 // BS
+    assert core.port.finish(old)
+    assert not _extra_refs(core), _extra_refs(core)
+    assert core.audit()["valid"]
+
+
 def test_reclaim_gives_back_and_a_successor_with_slack_takes_over_a_chain():
     """e0 (slack) -> e1 inherits and keeps a slack -> e2's LCP lies behind e1's inherited length but within e1's
     slack: e2 inherits. Without e1's slack the same chain goes cold at e2."""
