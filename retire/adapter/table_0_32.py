@@ -154,7 +154,9 @@ SEAMS = (
     seam("vllm._custom_ops:cpu_attn_get_scheduler_metadata", "function",
          ["num_reqs", "num_heads", "num_kv_heads", "head_dim", "seq_lens", "dtype", "query_start_loc", "causal",
           "sliding_window_size", "isa", "enable_kv_split"], guarantees=SLICED, note="install-time self-check"),
-    seam("vllm._custom_ops:cpu_attention_with_kv_cache", "function", ["query", "key_cache", "value_cache", "output"],
+    seam("vllm._custom_ops:cpu_attention_with_kv_cache", "function",
+         ["query", "key_cache", "value_cache", "output", "query_start_loc", "seq_lens", "scale", "causal",
+          "alibi_slopes", "sliding_window", "block_table", "softcap", "scheduler_metadata", "s_aux"],
          guarantees=SLICED, note="install-time self-check"),
     # ---------------------------------------------------------------- public entry points the facade builds on
     seam("vllm.sampling_params:SamplingParams", "class"),
