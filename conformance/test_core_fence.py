@@ -324,6 +324,22 @@ def test_closure_of_a_mixed_cut_rolls_back_innocents_logs_only_the_revoked_and_p
     assert list(c.log) == ["a"] and c.counts == {} and c.cut_steps == 1
 
 
+def test_a_revoked_request_cut_again_before_its_supersede_keeps_the_first_decision():
+    """The worker cut the revoked chunk at layer 4; its SUPERSEDE had not reached the scheduler yet, so the request
+    ran its chunk again and was cut at layer 0: the receipt keeps the layer-4 decision (the one that bounded the
+    work) and counts the re-cut; once taken by FENCE, a later cut is a new decision."""
+    from retire.closure import WriterClosure
+    port = _ClosurePort()
+    c = WriterClosure(port)
+    c.close({"chunks": {"a": (64, 32)}, "decision": {"layer": 4, "req_ids": ["a"]}}, 1.0)
+    c.close({"chunks": {"a": (64, 32)}, "decision": {"layer": 0, "req_ids": ["a"]}}, 2.0)
+    assert port.rolled == [("a", 64, 96), ("a", 64, 96)] and c.cut_steps == 2  # both cuts closed the writer
+    assert c.take("a") == {"layer": 4, "req_ids": ["a"], "closed_at": 1.0, "rolled_back_to": 64, "recuts": 1}
+    assert c.counts["recuts"] == 1 and c.counts["revoked_rolled_back"] == 2
+    c.close({"chunks": {"a": (96, 32)}, "decision": {"layer": 2, "req_ids": ["a"]}}, 3.0)
+    assert c.take("a") == {"layer": 2, "req_ids": ["a"], "closed_at": 3.0, "rolled_back_to": 96}
+
+
 # ------------------------------------------------------------------------------------------------ edge receipts
 def test_a_fence_built_without_ranks_or_drafter_issues_one_receipt_per_kv_group():
     from retire.fence import Fence

@@ -52,11 +52,14 @@ async def compare_frozen(eng, before: dict, load: CoTenantLoad) -> tuple[int, li
     for scope, (rid, ids, digests) in before.items():
         if scope not in load.live:
             continue  # finished during the burst: its blocks were legitimately released
+        # the table and digests first, the state last: each read is answered between two engine steps, so a request
+        # that finished in between shows an empty table (its blocks may be reused); read in this order, it then
+        # reads as gone and is skipped, and a request that still reads as live was live at the earlier reads
+        table = (await eng.backend.sched("block_table", {"req_id": rid}))[0][: len(ids)]
+        now_d = (await eng.backend.worker("retire_block_digests", ids))[0]
         st = await eng.backend.sched("request_state", {"req_id": rid})
         if st is None:
             continue  # finished in the engine, its end not yet consumed by the load (vLLM's own request table)
-        table = (await eng.backend.sched("block_table", {"req_id": rid}))[0][: len(ids)]
-        now_d = (await eng.backend.worker("retire_block_digests", ids))[0]
         compared += 1
         if table != ids:
             bad.append(f"{scope}: block ids {ids} -> {table} (engine status {st['status']})")

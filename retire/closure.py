@@ -10,7 +10,8 @@ Invariants (applied when the scheduler commits the cut step's output, which samp
 - A running request whose COMPUTED prefix holds one of those blocks as a full block (it reused it through the prefix
   cache while the cut step was writing it) is preempted by vLLM's own preemption and recomputes: rolling it back
   would leave it reading a half-written block (and rolling back into a shared block broke vLLM's block caching).
-- The decision that caused the cut is kept per revoked request (`log`) for its FENCE receipt.
+- The decision that caused the cut is kept per revoked request (`log`) for its FENCE receipt: the first one. A
+  revoked request cut again before its SUPERSEDE arrived (it was re-scheduled after the first cut) adds `recuts`.
 - Test switches: `enabled=False` skips the whole closure (negative control of the writer-closure guarantee);
   `innocents=False` closes only the revoked requests' writers (negative control of the mixed-cut guarantee: an
   innocent is then left counting the cut chunk as computed).
@@ -26,7 +27,7 @@ class WriterClosure:
         self.log: OrderedDict[str, dict] = OrderedDict()
         self.max_log = max_log
         self.cut_steps = 0
-        self.counts: Counter = Counter()  # innocents rolled back, sharers preempted (reported by `stats`)
+        self.counts: Counter = Counter()  # innocents and revoked rolled back, sharers preempted, re-cuts
 
     def close(self, cut: dict, t: float, enabled: bool = True, innocents: bool = True) -> list[str]:
         """Apply a cut {"chunks": {req_id: (start, n)}, "decision": {...}}. Returns the rolled-back request ids.
@@ -46,9 +47,7 @@ class WriterClosure:
                 rolled.append(rid)
                 self.counts["innocents_rolled_back" if innocent else "revoked_rolled_back"] += 1
             if not innocent:
-                self.log[rid] = dict(decision, closed_at=t, rolled_back_to=start)
-                while len(self.log) > self.max_log:
-                    self.log.popitem(last=False)
+                self._record(rid, decision, t, start)
         if evict:
             self.port.evict_hashes(evict)
             if innocents:
@@ -56,6 +55,19 @@ class WriterClosure:
                     if self.port.preempt(rid):
                         self.counts["sharers_preempted"] += 1
         return rolled
+
+    def _record(self, rid: str, decision: dict, t: float, start: int) -> None:
+        """Keep the FIRST cut of a revocation: until its SUPERSEDE reaches the scheduler, the rolled-back request
+        can be scheduled again and is cut again at its first safe point (nothing computed); that re-cut is counted
+        (`recuts`), never allowed to replace the decision that bounded the obsolete work."""
+        first = self.log.get(rid)
+        if first is not None:
+            first["recuts"] = first.get("recuts", 0) + 1
+            self.counts["recuts"] += 1
+            return
+        self.log[rid] = dict(decision, closed_at=t, rolled_back_to=start)
+        while len(self.log) > self.max_log:
+            self.log.popitem(last=False)
 
     def take(self, req_id: str | None) -> dict | None:
         """The cut decision recorded for a request (consumed by its FENCE), or None."""
