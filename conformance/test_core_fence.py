@@ -23,7 +23,7 @@ import pytest
 from conformance.fixtures.enginefree import EngineFreeCore
 from conformance.fixtures.prompts import revise, tokens
 from retire import Contract
-from retire.mailbox import Mailbox
+from retire.mailbox import Mailbox, key
 from retire.mailbox import create_path as mailbox_path
 from retire.participants import RankLedger
 from retire.participants import create_path as ranks_path
@@ -73,7 +73,7 @@ def test_posted_revocation_is_retired_by_a_refused_supersede_too(mailbox):
 def test_workers_decision_log_names_the_fence_path_and_is_consumed(mailbox):
     core = EngineFreeCore()
     old = _prefill(core)
-    log = {"req_ids": [old], "path": "finish-step", "layer": 3}
+    log = {"req_keys": [key(old).hex()], "path": "finish-step", "layer": 3}
     mailbox.write_log(json.dumps(log))
     res, _ = core.supersede("t", "s", 0, revise(P, 150, 220, 1), posted=old)
     assert res.receipts == (Receipt("kv-group-0", 0, 200, "finish-step", log),)
@@ -83,7 +83,7 @@ def test_workers_decision_log_names_the_fence_path_and_is_consumed(mailbox):
 def test_a_decision_log_without_a_path_is_a_step_boundary(mailbox):
     core = EngineFreeCore()
     old = _prefill(core)
-    log = {"req_ids": [old], "cut": False}
+    log = {"req_keys": [key(old).hex()], "cut": False}
     mailbox.write_log(json.dumps(log))
     res, _ = core.supersede("t", "s", 0, revise(P, 150, 220, 1))
     assert res.receipts == (Receipt("kv-group-0", 0, 200, "step-boundary", log),)
@@ -92,7 +92,7 @@ def test_a_decision_log_without_a_path_is_a_step_boundary(mailbox):
 def test_a_decision_log_about_another_request_is_consumed_but_not_used(mailbox):
     core = EngineFreeCore()
     _prefill(core)
-    mailbox.write_log(json.dumps({"req_ids": ["someone-else"], "path": "finish-step"}))
+    mailbox.write_log(json.dumps({"req_keys": [key("someone-else").hex()], "path": "finish-step"}))
     res, _ = core.supersede("t", "s", 0, revise(P, 150, 220, 1))
     assert res.receipts == (Receipt("kv-group-0", 0, 200, "step-boundary", {}),)
     assert mailbox.read_log() is None
@@ -102,7 +102,7 @@ def test_a_decision_log_about_another_request_is_consumed_but_not_used(mailbox):
 def test_a_refused_supersede_consumes_the_log_but_uses_nothing(mailbox):
     core = EngineFreeCore()
     old = _prefill(core)
-    mailbox.write_log(json.dumps({"req_ids": [old], "path": "finish-step"}))
+    mailbox.write_log(json.dumps({"req_keys": [key(old).hex()], "path": "finish-step"}))
     res, _ = core.supersede("t", "s", 5, P)
     assert res.refused_kind == "stale-epoch" and res.receipts == () and mailbox.read_log() is None
 
@@ -451,6 +451,23 @@ def test_a_decision_log_without_request_ids_is_about_no_one(mailbox):
     mailbox.write_log(json.dumps({"path": "finish-step"}))
     res, _ = core.supersede("t", "s", 0, revise(P, 150, 220, 1))
     assert res.receipts[0].path == "step-boundary" and mailbox.read_log() is None
+
+
+def test_a_decision_about_a_1000_character_request_id_fits_the_log_and_reaches_the_receipt(mailbox):
+    """The worker's decision names revoked requests by mailbox key: a scope name of 1,000 characters (an internal id
+    longer than the log area) still leaves a complete, parseable log, and FENCE matches it to its predecessor."""
+    from retire.mailbox import LOG
+    from retire.safepoints import SafePoints
+
+    long_id = "r-" + "S" * 1000 + "#default#0-" + "0" * 32  # an internal id of a 1,000-character scope
+    sp = SafePoints.__new__(SafePoints)
+    sp.mb = Mailbox(mailbox.path)
+    sp._log({"path": "finish-step", "cut": False, "layer": 3, "req_ids": [long_id, "other"], "lcp": 1124})
+    log = mailbox.read_log()
+    assert len(long_id) > LOG and log["req_keys"] == [key(long_id).hex(), key("other").hex()] and "req_ids" not in log
+    from retire.fence import Fence
+    f = Fence(None, mailbox=Mailbox(mailbox.path))
+    assert f.retire_revocation(None, long_id) == log and mailbox.read_log() is None
 
 
 def test_cut_steps_are_counted():

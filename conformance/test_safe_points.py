@@ -86,16 +86,19 @@ def test_long_scope_name_is_cut_at_a_safe_point(long8k):
                           oracle_name="clean_prefix_run")
 
 
-def test_useful_running_step_is_let_finish(long8k):
+@pytest.mark.parametrize("scope", ["fin", "F" * 1000], ids=["short-name", "1000-char-name"])
+def test_useful_running_step_is_let_finish(long8k, scope):
     """The running chunk is almost all shared with the successor and the revision lands late: the cost model lets
-    the step finish (commit gated, blocks certified) instead of cutting and recomputing it."""
+    the step finish (commit gated, blocks certified) instead of cutting and recomputing it. The receipt carries the
+    worker's decision for a scope named with 1,000 characters too (the decision log names requests by digest)."""
     h, unit = long8k, 4096
-    prompt = repo_prompt(2 * unit, seed=5)
+    seed = 5 if scope == "fin" else 6  # a prompt the other case did not cache
+    prompt = repo_prompt(2 * unit, seed=seed)
     lcp = 2 * unit - 60
-    revised = revise(prompt, lcp, 2 * unit + 100, seed=5)
+    revised = revise(prompt, lcp, 2 * unit + 100, seed=seed)
 
     async def go():
-        tr, new, old = await land(h, "fin", unit=unit, layer=7, prompt=prompt, revised=revised)
+        tr, new, old = await land(h, scope, unit=unit, layer=7, prompt=prompt, revised=revised)
         return tr, new, old, await h.oracle.clean_prefix_run(revised[: tr.inherited_tokens], revised, SP_NEW)
 
     tr, new, old, oracle = h.run(go())

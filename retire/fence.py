@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from .mailbox import key
 from .types import Receipt
 
 
@@ -53,14 +54,15 @@ class Fence:
 
     def retire_revocation(self, posted: str | None, old_id: str | None) -> dict | None:
         """Retire the mailbox entry the frontend posted for this SUPERSEDE (accepted or refused) and consume the
-        worker's decision log; returns the log if it holds a decision about the predecessor `old_id`."""
+        worker's decision log; returns the log if it holds a decision about the predecessor `old_id` (the log names
+        requests by mailbox key: `req_keys`)."""
         if self.mailbox is None:
             return None
         log = self.mailbox.read_log()
         if posted:
             self.mailbox.clear(posted)
         self.mailbox.clear_log()
-        return log if log and old_id and old_id in log.get("req_ids", ()) else None
+        return log if log and old_id and key(old_id).hex() in log.get("req_keys", ()) else None
 
     # ------------------------------------------------------------------ FENCE
     def close(self, old_id: str | None, epoch: int, step: int, cut: dict | None, log: dict | None) -> FenceOutcome:

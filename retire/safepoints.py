@@ -202,4 +202,8 @@ class SafePoints:
             raise _Cut()
 
     def _log(self, d: dict) -> None:
-        self.mb.write_log(json.dumps(d, default=float))
+        """The decision for the scheduler's FENCE, naming the revoked requests by their mailbox keys (fixed size,
+        whatever the scope names), so the log never outgrows the mailbox's log area and is cut into invalid JSON."""
+        rec = {k: v for k, v in d.items() if k != "req_ids"}
+        rec["req_keys"] = [mailbox_key(r).hex() for r in d.get("req_ids", ())]
+        self.mb.write_log(json.dumps(rec, default=float))
