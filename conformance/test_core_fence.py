@@ -333,9 +333,10 @@ def test_a_revoked_request_cut_again_before_its_supersede_keeps_the_first_decisi
     c = WriterClosure(port)
     c.close({"chunks": {"a": (64, 32)}, "decision": {"layer": 4, "req_ids": ["a"]}}, 1.0)
     c.close({"chunks": {"a": (64, 32)}, "decision": {"layer": 0, "req_ids": ["a"]}}, 2.0)
-    assert port.rolled == [("a", 64, 96), ("a", 64, 96)] and c.cut_steps == 2  # both cuts closed the writer
-    assert c.take("a") == {"layer": 4, "req_ids": ["a"], "closed_at": 1.0, "rolled_back_to": 64, "recuts": 1}
-    assert c.counts["recuts"] == 1 and c.counts["revoked_rolled_back"] == 2
+    c.close({"chunks": {"a": (64, 32)}, "decision": {"layer": 0, "req_ids": ["a"]}}, 2.5)
+    assert port.rolled == [("a", 64, 96)] * 3 and c.cut_steps == 3  # every cut closed the writer
+    assert c.take("a") == {"layer": 4, "req_ids": ["a"], "closed_at": 1.0, "rolled_back_to": 64, "recuts": 2}
+    assert c.counts["recuts"] == 2 and c.counts["revoked_rolled_back"] == 3
     c.close({"chunks": {"a": (96, 32)}, "decision": {"layer": 2, "req_ids": ["a"]}}, 3.0)
     assert c.take("a") == {"layer": 2, "req_ids": ["a"], "closed_at": 3.0, "rolled_back_to": 96}
 
