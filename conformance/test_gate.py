@@ -237,3 +237,17 @@ def test_conform_keeps_option_values_apart_from_targets(no_engine_wrapper):
     v = res["verdicts"]
     assert v["checker negative controls"]["verdict"] == "true"
     assert v["safe-point cost model and mailbox"]["verdict"] == "unknown"  # deselected, so nothing ran
+
+
+def test_verdicts_name_the_retire_commit_they_came_from(tmp_path, monkeypatch):
+    """A verdict file records the retire source that produced it (git commit, local changes); outside a git checkout
+    the commit is None rather than a guess."""
+    import subprocess
+
+    from retire import conform
+    info = conform.machine_info()["retire"]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                          cwd=Path(conform.__file__).parent).stdout.strip()
+    assert info["commit"] == head and len(head) == 40 and isinstance(info["dirty"], bool)
+    monkeypatch.setattr(conform, "__file__", str(tmp_path / "retire" / "conform.py"))  # not a git checkout
+    assert conform.retire_commit() == {"commit": None, "dirty": None}

@@ -144,7 +144,26 @@ def machine_info() -> dict:
             info[mod] = __import__(mod).__version__
         except Exception:  # noqa: BLE001
             info[mod] = None
+    info["retire"] = retire_commit()
     return info
+
+
+def retire_commit() -> dict:
+    """The retire source the verdicts came from: its git commit and whether the tree had local changes (None when
+    retire is not run from a git checkout)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+    if head.returncode != 0:
+        return {"commit": None, "dirty": None}
+    return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
 
 
 def summary(result: dict) -> str:
