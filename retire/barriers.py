@@ -28,7 +28,8 @@ class HoldSuccessor:
 
 class LandInStep:
     """Land a SUPERSEDE at an exact safe point: hold the worker at decoder layer `layer` of the next armed (long)
-    step (of the next one that runs internal request `req_id`, when given: another tenant's step passes), let the test issue the SUPERSEDE (its mailbox entry is posted before its ADD is sent), then release.
+    step (of the next one that runs internal request `req_id`, when given: another tenant's step passes), let the
+    test issue the SUPERSEDE (its mailbox entry is posted before its ADD is sent), then release.
 
         async with LandInStep(eng, layer=4) as land:
             await land.paused()                       # the worker is inside the step, at layer 4
