@@ -145,7 +145,8 @@ def test_openai_client_revision_chat_stream(srv, clean):
     `OpenAI(base_url=.../v1/scopes/{scope}/supersede)` streaming: the old stream ends with finish_reason
     "superseded" and no token after it; the successor's first event carries the transition; its tokens match
     the oracle. On this machine the unit model can finish the old version before the SUPERSEDE is applied (the
-    transition then says "predecessor not live"): the old stream must then end by itself with every token."""
+    transition then says "predecessor not live"): the old stream then ends by itself with every token, or, if
+    frames were still queued behind the slow reader, with "superseded" and no token after it (gate (c))."""
     import openai
 
     cli = openai.OpenAI(base_url=srv.url + "/v1", api_key=A, max_retries=0)
@@ -169,13 +170,16 @@ def test_openai_client_revision_chat_stream(srv, clean):
                                 "logprobs": True, "top_logprobs": 2, "return_tokens_as_token_ids": True})
     ends = [(i, ch.finish_reason) for i, c in enumerate(chunks) for ch in c.choices if ch.finish_reason]
     if succ.headers.get("x-retire-cold-reason") == "predecessor not live":
-        # the old version had already finished (and been written out) when the SUPERSEDE was applied: nothing was
-        # left to revoke, so it ends by itself with every token (the stalled-reader test above is the one that holds
-        # the old version's frames on the server when the revision lands)
+        # the old version had already finished in the engine when the SUPERSEDE was applied: nothing was left to
+        # cut. Either its stream had been written out whole (it ends by itself with every token), or some of its
+        # frames were still queued on the server behind the slow reader: the accepted SUPERSEDE then suppresses them
+        # (gate (c)) and the stream ends "superseded" with fewer tokens, none after that end
         got = sum(len(ch.model_extra.get("token_ids") or ()) for c in chunks for ch in c.choices)
-        assert [e for _, e in ends] == ["length"] and got == 1500, (ends, got)
+        assert [e for _, e in ends] in (["length"], ["superseded"]), ends
+        assert (got == 1500) if ends[0][1] == "length" else (got < 1500), (ends, got)
     else:
         assert [e for _, e in ends] == ["superseded"], ends
+    if ends[0][1] == "superseded":  # the end carries no token, and nothing follows it
         assert not any(ch.model_extra.get("token_ids") for c in chunks[ends[0][0]:] for ch in c.choices)
     assert chunks[0].choices == [] and chunks[0].model_extra["retire"]["epoch"] == 0
     assert succ.headers["x-retire-epoch"] == "1" and "x-retire-fence-latency" in succ.headers

@@ -238,3 +238,43 @@ def test_negative_control_forgotten_slack_pins_are_reported_by_the_audit(monkeyp
     core.drain()
     v = core.audit()["violations"]
     assert any("leaked" in x for x in v) and any("drained but only" in x for x in v), v
+
+
+def test_a_preempted_version_gives_its_slack_back_in_the_step_that_reports_it():
+    """vLLM preempts a version that keeps a slack (its blocks freed, back to waiting with nothing computed). The
+    kept blocks are given back in the step whose SchedulerOutput reports the preemption, even if that step does not
+    schedule the version again (found by the slack state machine on vLLM 0.31: a preempted version waiting under
+    memory pressure kept its slack at positions beyond its frontier 0). Negative control: a step that does not pass
+    the preempted ids on leaves the kept blocks pinned."""
+    for report in (True, False):
+        core, rec = _core()
+        old = core.submit("t", "s", tokens(1200, 4), max_tokens=64, contract=Contract(slack=True, slack_tokens=256))
+        _run_to(rec, old, 1200)
+        rec.step()
+        assert sum(_extra_refs(core).values()) == 256 // BS
+        assert core.port.preempt(old) and core.port.frontier(old) == 0  # vLLM's own preemption
+        core.s.retire.slack.after_commit([], (old,) if report else ())  # a step that did not schedule it
+        if report:
+            assert not _extra_refs(core), _extra_refs(core)
+            assert not any(core.s.retire.slack.kept[old].blocks.values())
+            assert core.audit()["valid"]
+        else:
+            assert sum(_extra_refs(core).values()) == 256 // BS  # the control: still pinned
+
+
+def test_the_preemption_vllm_reports_reaches_the_slack_through_the_scheduler():
+    """End to end on the real scheduler: vLLM preempts the version while another request's prefill takes the whole
+    token budget, so the next step does not schedule it again; that step's SchedulerOutput carries the preempted id
+    (`preempted_req_ids`) and the kept blocks are back after it (vLLM's ref_cnt counts no pin)."""
+    core, rec = _core()
+    old = core.submit("t", "s", tokens(1200, 4), max_tokens=64, contract=Contract(slack=True, slack_tokens=256))
+    _run_to(rec, old, 1200)
+    rec.step()
+    assert sum(_extra_refs(core).values()) == 256 // BS
+    core.submit("t", "b", tokens(3000, 9), max_tokens=4)
+    rec.step()  # b's prefill has started: as a running request it is scheduled before any waiting one
+    assert core.port.preempt(old)
+    rec.step()
+    assert core.port.frontier(old) == 0, "inconclusive: vLLM scheduled the preempted version again"
+    assert not _extra_refs(core), _extra_refs(core)
+    assert core.audit()["valid"]

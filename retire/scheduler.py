@@ -65,7 +65,7 @@ class RetireScheduler(SchedulerCommands, Scheduler):
             if self.retire_port.spec_enabled and v.has_spec_tokens(scheduler_output) else {}
         pre = self.retire.before_commit(v.scheduled_chunks(self, scheduler_output))
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        self.retire.after_commit(pre, cut, drafts, now())
+        self.retire.after_commit(pre, cut, drafts, now(), v.preempted_ids(scheduler_output))
         dropped = v.filter_outputs(outputs, self.retire.gate)
         if dropped:
             self.retire.counters["engine_frames_suppressed"] += dropped

@@ -58,11 +58,23 @@ class Slack:
         self.kept: dict[str, Kept] = {}
 
     # ------------------------------------------------------------------ steps
-    def after_commit(self, req_ids) -> None:
+    def after_commit(self, req_ids, preempted=()) -> None:
         """After a committed step: update the slack of every scheduled request that keeps one (pin what the next
-        schedule() drops, give back what fell more than S behind), end the slack of one that left."""
+        schedule() drops, give back what fell more than S behind), end the slack of one that left; a request vLLM
+        preempted (`preempted`, from the step's SchedulerOutput) gives its kept blocks back now, even if it is not
+        scheduled again (under the memory pressure that preempted it, it may wait for many steps)."""
         if not self.sliding:
             return
+        if preempted:
+            scheduled = set(req_ids)
+            for rid in preempted:
+                k = self.kept.get(rid)
+                if k is None or rid in scheduled:  # a scheduled one is updated below (its frontier moved back)
+                    continue
+                if self.port.live(rid):
+                    self._update(rid, k)
+                else:
+                    self.release(rid)
         for rid in req_ids:
             k = self.kept.get(rid)
             if k is None:

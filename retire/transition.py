@@ -231,7 +231,7 @@ class TransitionCore:
         return [(rid, s, n, plen, self._shape_tables(rid) if shape.needs_tables(rid, n) else None)
                 for rid, (s, n, plen) in chunks.items()]
 
-    def after_commit(self, pre: list, cut: dict | None, drafts: dict, t: float) -> None:
+    def after_commit(self, pre: list, cut: dict | None, drafts: dict, t: float, preempted=()) -> None:
         if drafts:
             self.fence.note_drafts(drafts)
         if cut:
@@ -239,7 +239,7 @@ class TransitionCore:
         for rid, start, n, plen, tables in pre:
             if not (cut and cut["chunks"].get(rid, (0, 0))[1]):
                 self.shape.observe(rid, start, n, plen, tables)
-        self.slack.after_commit([p[0] for p in pre])
+        self.slack.after_commit([p[0] for p in pre], preempted)
         self.left += [p[0] for p in pre if not self.port.known(p[0])]  # finished (vLLM freed them in this commit)
 
     def after_gate(self) -> None:

@@ -240,6 +240,12 @@ def has_spec_tokens(so) -> bool:
     return bool(so.scheduled_spec_decode_tokens)
 
 
+def preempted_ids(so) -> tuple[str, ...]:
+    """Requests vLLM preempted (blocks freed, back to waiting) since the previous schedule, as this step's
+    SchedulerOutput reports them (its own preemptions in this schedule() and any made between two steps)."""
+    return tuple(getattr(so, "preempted_req_ids", None) or ())
+
+
 def step_cut(mro) -> dict | None:
     """The safe-point cut a worker reported on this step's output (None for a step that ran to its end)."""
     return getattr(mro, "retire_cut", None)

@@ -92,6 +92,8 @@ SEAMS = (
     seam("vllm.v1.core.sched.output:SchedulerOutput.scheduled_cached_reqs"),
     seam("vllm.v1.core.sched.output:SchedulerOutput.scheduled_spec_decode_tokens", guarantees=("test_spec_decode",)),
     seam("vllm.v1.core.sched.output:SchedulerOutput.finished_req_ids", guarantees=("test_tensor_parallel",)),
+    seam("vllm.v1.core.sched.output:SchedulerOutput.preempted_req_ids", guarantees=SLACK,
+         note="a preempted version's revision slack is given back in the step that reports it"),
     seam("vllm.v1.core.sched.output:NewRequestData.req_id"),
     seam("vllm.v1.core.sched.output:NewRequestData.num_computed_tokens"),
     seam("vllm.v1.core.sched.output:CachedRequestData.req_ids"),
