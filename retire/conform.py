@@ -148,17 +148,20 @@ def machine_info() -> dict:
     return info
 
 
+SOURCE_PATHS = ("retire", "conformance", "oracles", "perf", "conftest.py", "pyproject.toml")
+
+
 def retire_commit() -> dict:
-    """The retire source the verdicts came from: its git commit and whether the tree had local changes (None when
-    retire is not run from a git checkout)."""
+    """The retire source the verdicts came from: its git commit and whether its source (SOURCE_PATHS: not the
+    results a run writes) had local changes; None when retire is not run from a git checkout."""
     import subprocess
 
     root = Path(__file__).resolve().parent.parent
     try:
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
                               timeout=10)
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--",
+                                *SOURCE_PATHS], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
     if head.returncode != 0:
