@@ -65,16 +65,9 @@ class Slack:
         scheduled again (under the memory pressure that preempted it, it may wait for many steps)."""
         if not self.sliding:
             return
-        if preempted:
+        if preempted:  # preempted and not scheduled: update it too (its frontier moved back to 0)
             scheduled = set(req_ids)
-            for rid in preempted:
-                k = self.kept.get(rid)
-                if k is None or rid in scheduled:  # a scheduled one is updated below (its frontier moved back)
-                    continue
-                if self.port.live(rid):
-                    self._update(rid, k)
-                else:
-                    self.release(rid)
+            req_ids = [*req_ids, *(r for r in preempted if r in self.kept and r not in scheduled)]
         for rid in req_ids:
             k = self.kept.get(rid)
             if k is None:
