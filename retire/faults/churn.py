@@ -111,9 +111,7 @@ async def churn_trial(eng, arm: str, scope: str, prompt, revised, sp_old, sp_new
 
     from ..align import common_prefix_len
     from ..barriers import wait_engine
-    from ..dram import HoldRestore
     from ..trials.warm import reset_prefix_cache
-    from ..types import Contract
 
     if arm not in ARMS:
         raise ValueError(f"unknown churn arm {arm!r}; choose one of {ARMS}")
@@ -131,42 +129,12 @@ async def churn_trial(eng, arm: str, scope: str, prompt, revised, sp_old, sp_new
         if f.token_ids and "first" not in marks:
             marks["first"] = now()
 
-    info: dict = {}
     t_rev = now()
     if arm == "native":
-        await eng.backend.abort(eng.internal_id(scope))  # the revision, as vLLM offers it: abort the old request
-        await old_task
-        t0 = now()
-        async with churn.on(eng):
-            pass
-        info["churn_s"] = now() - t0
-        t_adm = now()
-        tr = await eng.supersede(scope, 0, revised, sp_new)
-        new = await collect(eng, scope, 1, on_frame=on_frame)
+        tr, new, t_adm, info = await _native_revision(eng, scope, revised, sp_new, churn, old_task, on_frame)
     else:
-        dram = arm == "retire_dram"
-        async with HoldRestore(eng, scope) as hold:
-            tr = await eng.supersede(scope, 0, revised, sp_new, contract=Contract(dram_tier=dram, digests=True))
-            await old_task
-            st = await eng.backend.sched("stats")
-            info["free_blocks_while_held"] = st["free_blocks"]
-            t0 = now()
-            async with churn.on(eng):
-                pass
-            info["churn_s"] = now() - t0
-            cert = tr.certificate
-            if cert is not None and not dram:
-                ids = [b for g in cert.block_ids for b in g]
-                after = (await eng.backend.worker("retire_block_digests", ids))[0]
-                info["pages_intact_after_churn"] = after == list(cert.digests)
-            new_task = asyncio.ensure_future(collect(eng, scope, 1, on_frame=on_frame))
-            t_adm = now()
-            await hold.release()
-        new = await new_task
-        certified_by_engine = cert.tokens if cert is not None else 0
-        info["certified_by_engine"] = certified_by_engine
-        if dram:
-            info["dram_state"] = tr.extra.get("dram", {}).get("state")
+        tr, new, t_adm, info = await _retire_revision(eng, scope, revised, sp_new, churn, old_task, on_frame,
+                                                      dram=arm == "retire_dram")
     t_end = now()
     retained = int(tr.inherited_tokens or 0)
     return ChurnTrial(arm=arm, fraction=fraction, scope=scope, certified=certified, retained=retained,
@@ -174,3 +142,56 @@ async def churn_trial(eng, arm: str, scope: str, prompt, revised, sp_old, sp_new
                       recovery=(marks["first"] - t_adm) if "first" in marks else None, interval=t_end - t_rev,
                       churned_tokens=churn.churned_tokens, capacity_tokens=churn.capacity_tokens,
                       cold_reason=tr.cold_reason, cache_reset=reset, new=new, transition=tr, **info)
+
+
+async def _native_revision(eng, scope, revised, sp_new, churn: Churn, old_task, on_frame):
+    """The revision as vLLM offers it: abort the old request, churn, then submit the successor (no pin: it finds
+    whatever the prefix cache still holds)."""
+    import time
+
+    from oracles.runs import collect
+
+    await eng.backend.abort(eng.internal_id(scope))
+    await old_task
+    t0 = time.monotonic()
+    async with churn.on(eng):
+        pass
+    info = {"churn_s": time.monotonic() - t0}
+    t_adm = time.monotonic()
+    tr = await eng.supersede(scope, 0, revised, sp_new)
+    new = await collect(eng, scope, 1, on_frame=on_frame)
+    return tr, new, t_adm, info
+
+
+async def _retire_revision(eng, scope, revised, sp_new, churn: Churn, old_task, on_frame, *, dram: bool):
+    """SUPERSEDE with the successor held (certified pages pinned in HBM, or copied to the DRAM tier), churn, then
+    release; the pinned pages' digests are compared before and after the churn."""
+    import time
+
+    from oracles.runs import collect
+
+    from ..dram import HoldRestore
+    from ..types import Contract
+
+    info: dict = {}
+    async with HoldRestore(eng, scope) as hold:
+        tr = await eng.supersede(scope, 0, revised, sp_new, contract=Contract(dram_tier=dram, digests=True))
+        await old_task
+        info["free_blocks_while_held"] = (await eng.backend.sched("stats"))["free_blocks"]
+        t0 = time.monotonic()
+        async with churn.on(eng):
+            pass
+        info["churn_s"] = time.monotonic() - t0
+        cert = tr.certificate
+        if cert is not None and not dram:
+            ids = [b for g in cert.block_ids for b in g]
+            after = (await eng.backend.worker("retire_block_digests", ids))[0]
+            info["pages_intact_after_churn"] = after == list(cert.digests)
+        new_task = asyncio.ensure_future(collect(eng, scope, 1, on_frame=on_frame))
+        t_adm = time.monotonic()
+        await hold.release()
+    new = await new_task
+    info["certified_by_engine"] = cert.tokens if cert is not None else 0
+    if dram:
+        info["dram_state"] = tr.extra.get("dram", {}).get("state")
+    return tr, new, t_adm, info
