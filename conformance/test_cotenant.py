@@ -88,7 +88,8 @@ async def scenario(h, *, bursts: int = 3, per_burst: int = 4, corrupt: bool = Fa
             before = await frozen_blocks(eng, load.decoding())
             fault = None
             if corrupt and b == bursts - 1:
-                victim = max(before, key=lambda s: load.live[s].t_submit)  # the newest: most tokens left
+                # the newest still live (one snapshotted above may have finished since): most tokens left
+                victim = max((s for s in before if s in load.live), key=lambda s: load.live[s].t_submit)
                 fault = PageCorruption([before[victim][1][-1]])
                 await fault.inject(eng)
                 corruption = victim
