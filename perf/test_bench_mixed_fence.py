@@ -2,9 +2,10 @@
 the whole step, every innocent rolled back and re-run), prefill unit U = 4096, long model.
 
 Scenario per trial: a bystander B of another tenant is running (`decode`: it is decoding and A's (U + 256)-token
-prompt starts, so A's first step is A's 4095-token chunk + B's decode token; `prefill`: B's 3000-token prompt enters
-with A's 2000-token prompt, so the step is A's 2000 tokens + B's first 2096). The worker
-is held at layer 0 of A's first (mixed) step, released, and the revision arrives after a uniformly drawn fraction of
+prompt starts, so A's first step is A's 4095-token chunk + B's decode token; `prefill`: A's (U + 2000)-token prompt
+runs its first U-token step alone while B's 3000-token prompt is admitted, so A's second step is A's 2000-token tail +
+B's first 2096, the same two-step landing as `test_safe_points.py::_prefill_bystander`). The worker is held at layer 0
+of A's mixed step, released, and the revision arrives after a uniformly drawn fraction of
 the calibrated step (the arrival time is the workload, not a synchronisation). The revised prompt shares nothing with
 A's, so A's running chunk is wholly obsolete. Retire cuts when the cost model says it pays (path `safe-point`) and
 lets the step finish otherwise (`step-boundary:mixed`: with a 2096-token prefill bystander, past about half the step);
@@ -50,8 +51,8 @@ class Trial:
 async def _trial(eng, oracle, kind: str, step_s: float, frac: float, tag: str) -> Trial:
     await eng.backend.sched("set_step_tokens", {"tokens": UNIT})
     seed = hash(tag) % 10_000
-    # decode: A's first step is A [0, U - 1) + B's decode token; prefill: A's whole 2000-token prompt + B [0, 2096)
-    prompt = repo_prompt(UNIT + 256 if kind == "decode" else 2000, seed=seed)
+    # decode: A's first step is A [0, U - 1) + B's decode token; prefill: A's second step is A [U, U + 2000) + B [0, 2096)
+    prompt = repo_prompt(UNIT + 256 if kind == "decode" else UNIT + 2000, seed=seed)
     b_prompt = tokens(300 if kind == "decode" else 3000, seed + 1)
     revised = revise(prompt, 0, 700, seed=7)  # nothing shared: A's running chunk is wholly obsolete
     a, b = f"m-{tag}", f"mb-{tag}"
@@ -59,13 +60,14 @@ async def _trial(eng, oracle, kind: str, step_s: float, frac: float, tag: str) -
         await eng.submit(b, b_prompt, SP_B, tenant="B")
         b_task = asyncio.ensure_future(collect(eng, b, 0, "B"))
         await wait_engine(eng, b, out_tokens=2, tenant="B")
-    async with LandInStep(eng, 0) as barrier:
+    async with LandInStep(eng, 0 if kind == "decode" else 1) as barrier:
         await eng.submit(a, prompt, SP_OLD, tenant="A")
-        if kind == "prefill":
+        old = asyncio.ensure_future(collect(eng, a, 0, "A"))
+        await barrier.paused()           # decode: A's first (mixed) step is about to run its first layer
+        if kind == "prefill":            # A's first U-token step runs alone, held at layer 1; B is queued meanwhile
             await eng.submit(b, b_prompt, SP_B, tenant="B")
             b_task = asyncio.ensure_future(collect(eng, b, 0, "B"))
-        old = asyncio.ensure_future(collect(eng, a, 0, "A"))
-        await barrier.paused()           # A's first (mixed) step is about to run its first layer
+            await barrier.next_step(0)   # A's second step (A's tail + B's first chunk), before its first layer
     await asyncio.sleep(frac * step_s)   # the revision's arrival inside the step (workload, not synchronisation)
     tr = await eng.supersede(a, 0, revised, SP_NEW, tenant="A")
     new = await collect(eng, a, 1, "A")
@@ -80,6 +82,8 @@ async def _trial(eng, oracle, kind: str, step_s: float, frac: float, tag: str) -
     ok, verdict = v.valid is True and vb.valid is True, f"{v.detail} | {vb.detail}"
     if eng.policy == "retire" and path not in ("safe-point", "step-boundary:mixed"):
         ok, verdict = False, f"path {path}: landed after the armed step's last safe point, not inside the step"
+    elif eng.policy == "retire" and not detail.get("innocents"):
+        ok, verdict = False, f"path {path} with no innocent in the step: B was not admitted beside A's chunk"
     return Trial(ok=ok, verdict=verdict, fence=tr.fence_latency, ttft=tr.successor_ttft, path=path, frac=frac,
                  bystander_ok=vb.valid is True, innocents=detail.get("innocents"), at=detail.get("at"),
                  decision={k: detail.get(k) for k in ("cut", "progress", "innocent_tokens", "obsolete_remainder",
