@@ -54,7 +54,7 @@ def _bench_progress(request):
     cap = request.config.pluginmanager.get_plugin("capturemanager")
     if tr is not None and cap is not None:
         with cap.global_and_fixture_disabled():
-                tr.write_line(f"[bench] {rec['ended']} {request.node.nodeid}: {rec['status']}, {rec['wall_s']} s "
+            tr.write_line(f"[bench] {rec['ended']} {request.node.nodeid}: {rec['status']}, {rec['wall_s']} s "
                           f"(appended to {BENCH_LOG})")
 
 
