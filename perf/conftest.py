@@ -16,6 +16,11 @@ import pytest
 BENCH_LOG = os.environ.get("RETIRE_BENCH_LOG", "results/bench-progress.jsonl")
 
 
+def _recorded(meta) -> bool:
+    """A pytest-benchmark `Metadata` that holds at least one timed round."""
+    return meta is not None and bool(meta.stats.data)
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_sessionfinish(session):
     """Before pytest-benchmark writes its JSON: drop every benchmark that recorded no round. pytest-benchmark marks a
@@ -24,7 +29,7 @@ def pytest_sessionfinish(session):
     lost a 115-minute `make bench` on 2026-12-01). The dropped ones are in the progress log as "no round recorded"."""
     bs = getattr(session.config, "_benchmarksession", None)
     if bs is not None:
-        bs.benchmarks[:] = [b for b in bs.benchmarks if b.stats.data]
+        bs.benchmarks[:] = [b for b in bs.benchmarks if _recorded(b)]
     yield
 
 
@@ -43,7 +48,7 @@ def _bench_progress(request):
     meta = getattr(fx, "stats", None)
     rec = {"test": request.node.nodeid, "wall_s": round(time.monotonic() - t0, 1),
            "ended": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    if meta is not None and meta.stats.data:
+    if _recorded(meta):
         rec.update(status="measured", **meta.as_dict(include_data=False))
     else:
         rec.update(status="no round recorded", extra_info=dict(fx.extra_info))

@@ -42,7 +42,7 @@ def test_a_benchmark_timing_out_inside_pedantic_leaves_the_json_and_the_log(pyte
 
 
 def test_negative_control_without_pruning_no_json_is_written(pytester, monkeypatch):
-    pruning = "        bs.benchmarks[:] = [b for b in bs.benchmarks if b.stats.data]"
+    pruning = "        bs.benchmarks[:] = [b for b in bs.benchmarks if _recorded(b)]"
     assert pruning in CONFTEST
     res, log, out = _run(pytester, monkeypatch, CONFTEST.replace(pruning, "        pass"))
     assert not out.exists(), "pytest-benchmark wrote its JSON despite an empty benchmark: the pruning is not needed"
