@@ -177,6 +177,31 @@ def test_negative_control_innocent_rollback_off_is_caught():
     core.s("reset_switches")
 
 
+def test_innocent_rollback_off_is_one_shot_so_a_re_cut_cannot_strand_the_innocent():
+    """The negative control's switch covers one cut step. The revoked request is cut again (its SUPERSEDE has not
+    arrived) until the innocent's LAST prompt chunk is in a cut step; that re-cut rolls the innocent back, so it still
+    samples and drains. Left on for every cut, the innocent would count its whole prompt as computed with nothing
+    sampled and never be scheduled again (the hang CI met on a slower machine)."""
+    core = EngineFreeCore()
+    sh = Shadow(core)
+    a = core.submit("t", "a", tokens(100, 41), max_tokens=2)
+    b = core.submit("t", "b", tokens(500, 42), max_tokens=6)
+    core.s("switches", {"innocents": False})
+    _cut_mixed(core, sh, a)
+    assert sh.check_kv() and sh.check_kv()[0].startswith(b), "the first cut is the fault under test"
+    first = core.s.requests[b].num_computed_tokens  # its first chunk, counted though poisoned
+    for _ in range(3):                              # persistent, these re-cuts would reach 500 of 500
+        _cut_mixed(core, sh, a)
+        assert core.s.requests[b].num_computed_tokens == first, "a re-cut rolls the innocent back to its chunk"
+    core.supersede("t", "a", 0, tokens(70, 34))
+    for _ in range(50):
+        if b not in core.s.requests:
+            break
+        sh.step()
+    assert len(sh.published.get(b, [])) == 6, "the innocent drained after the one-shot fault"
+    core.s("reset_switches")
+
+
 def test_negative_control_rollback_without_preempting_sharers_is_caught(monkeypatch):
     core = EngineFreeCore()
     sh = Shadow(core)

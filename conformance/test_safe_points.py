@@ -249,11 +249,61 @@ def test_negative_control_innocent_rollback_off_the_bystander_is_caught(long8k):
         tr, old, b_run, b_prompt = h.run(_prefill_bystander(h, innocents=False, b_len=3000, a_tail=2000, layer=0,
                                                               seed=71))
     finally:
-        assert h.run(h.retire.backend.reset_prefix_cache())  # heal: B's unwritten blocks are hashed
+        healed = h.run(h.retire.backend.reset_prefix_cache())  # heal: B's unwritten blocks are hashed
+    assert healed, "the prefix cache could not be reset (a request still running)"
     assert tr.receipts[0].path == "safe-point"
     v = compare_logprobs_close(subject=b_run, oracle=h.run(h.oracle.clean_run(b_prompt, SP_B)),
                                subject_name="prefill bystander (innocent rollback off)", oracle_name="clean_run")
     assert v.valid is False, "an innocent left counting a cut chunk as computed must be caught: " + v.detail
+
+
+async def _re_cut_bystander(h, *, innocents: bool, seed: int):
+    """As `_prefill_bystander`, but A's revocation is posted with no SUPERSEDE behind it (StuckRevocation: a slow
+    frontend), so every step that runs A is cut again; the loop is held until the cut step holding B's LAST prompt
+    chunk (904 tokens) has been cut too, then healed. Returns A's and B's runs."""
+    eng, unit = h.retire, 4096
+    await eng.backend.sched("set_step_tokens", {"tokens": unit})
+    if not innocents:
+        await eng.backend.sched("switches", {"innocents": False})
+    prompt, b_prompt = repo_prompt(unit + 2000, seed=seed), tokens(3000, seed + 1)
+    mb = eng.backend.mailbox
+    async with LandInStep(eng, 1) as land:
+        await eng.submit("a", prompt, SP_OLD)
+        old = asyncio.ensure_future(collect(eng, "a", 0))
+        await land.paused()                             # A's first step, alone
+        await eng.submit("pb", b_prompt, SP_B)
+        b_task = asyncio.ensure_future(collect(eng, "pb"))
+        await land.next_step(0)                         # A's tail + B's first chunk, layer 0
+        start = mb.count("cuts")
+        fault = StuckRevocation("a")
+        await fault.inject(eng)
+    try:                                                # released: cut, then re-cuts of A + B's last chunk
+        await mb.wait_count("cuts", start + 2)
+    finally:
+        await fault.heal()
+    runs = await asyncio.wait_for(asyncio.gather(old, b_task), 300)  # a stranded B never finishes
+    await eng.backend.sched("switches", {"innocents": True})
+    return runs[0], runs[1], b_prompt, mb.count("cuts") - start
+
+
+@pytest.mark.parametrize("innocents", [True, False], ids=["rollback", "negative-control-rollback-off"])
+def test_re_cut_steps_never_strand_the_prefill_bystander(long8k, innocents):
+    """The revoked request is cut again while its SUPERSEDE is late, and B's last prompt chunk shares a cut step.
+    With innocent rollback on, B is rolled back at every cut and equals its oracle. With it off (the negative
+    control, one cut step), the first cut's poisoned chunk is caught against the oracle, and B still finishes: the
+    switch is one-shot, so no re-cut leaves B counting its whole prompt as computed with nothing sampled (a hang,
+    which CI met on a slower machine before the switch was one-shot)."""
+    h = long8k
+    try:
+        old, b_run, b_prompt, cuts = h.run(_re_cut_bystander(h, innocents=innocents, seed=91 if innocents else 95),
+                                           timeout=600)
+    finally:
+        healed = h.run(h.retire.backend.reset_prefix_cache())  # off: B's unwritten blocks are hashed
+    assert healed, "the prefix cache could not be reset (a request still running)"
+    assert cuts >= 3 and len(b_run.tokens) == SP_B.max_tokens and len(old.tokens) == SP_OLD.max_tokens
+    v = compare_logprobs_close(subject=b_run, oracle=h.run(h.oracle.clean_run(b_prompt, SP_B)),
+                               subject_name="prefill bystander through re-cuts", oracle_name="clean_run")
+    assert v.valid is innocents, v.detail
 
 
 def test_mixed_step_that_does_not_pay_is_let_finish(long8k):

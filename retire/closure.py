@@ -14,7 +14,8 @@ Invariants (applied when the scheduler commits the cut step's output, which samp
   revoked request cut again before its SUPERSEDE arrived (it was re-scheduled after the first cut) adds `recuts`.
 - Test switches: `enabled=False` skips the whole closure (negative control of the writer-closure guarantee);
   `innocents=False` closes only the revoked requests' writers (negative control of the mixed-cut guarantee: an
-  innocent is then left counting the cut chunk as computed).
+  innocent is then left counting the cut chunk as computed; the engine switch behind it covers one cut step,
+  `EngineSwitches.take_innocents`).
 """
 from __future__ import annotations
 

@@ -165,6 +165,16 @@ class Mailbox(SharedFile):
     def count(self, what: str) -> int:
         return self._get({"cuts": 3, "checks": 4}[what])
 
+    async def wait_count(self, what: str, above: int, timeout: float = 120.0) -> int:
+        """Barrier on the worker's own counter (`cuts` or `checks`): return it once it exceeds `above`."""
+        import asyncio
+        t0 = time.monotonic()
+        while (n := self.count(what)) <= above:
+            if time.monotonic() - t0 > timeout:
+                raise TimeoutError(f"the worker's {what} count stayed at {n} (waited for more than {above})")
+            await asyncio.sleep(0.001)  # polling a shared word; the barrier is the worker's state, not time
+        return n
+
     def bump(self, what: str, n: int = 1) -> None:
         i = {"cuts": 3, "checks": 4}[what]
         self._set(i, self._get(i) + n)

@@ -4,7 +4,8 @@ Invariant: production behaviour is the default of every field; `reset()` restore
 harness resets after every test, so no switch or armed hook leaks into the next). Faults reach the control plane
 only through these objects (retire/faults), and each fault heals by undoing exactly what it set.
 
-- `EngineSwitches` (EngineCore process, in the transition core): gate (a) on/off, writer closure on/off, and one-shot
+- `EngineSwitches` (EngineCore process, in the transition core): gate (a) on/off, writer closure on/off, the
+  innocents' rollback off for the next cut step (one-shot), and one-shot
   hooks armed per scope for its next SUPERSEDE: hold the successor (barrier), bump a certified block's generation
   (generation race), refuse the SUPERSEDE (engine/frontend disagreement).
 - `TestSeams` (frontend, per facade): gates (b)+(c), safe-point posting, the DRAM digest check, a forged successor
@@ -25,7 +26,7 @@ HOOKS = ("hold", "bump_generation", "refuse")
 class EngineSwitches:
     gate: bool = True       # gate (a): commit no output of a non-current version
     closure: bool = True    # writer closure after a cut step
-    innocents: bool = True  # ... including the innocent requests of a cut mixed step (rollback, sharer preemption)
+    innocents: bool = True  # ... including the innocent requests of a cut mixed step; False is one-shot (take_innocents)
     armed: dict[ScopeKey, dict] = field(default_factory=dict)  # scope -> one-shot hook for its next SUPERSEDE
 
     def set(self, **flags: bool) -> None:
@@ -33,6 +34,14 @@ class EngineSwitches:
             if k not in ENGINE_FLAGS:
                 raise ValueError(f"unknown engine switch {k!r} (have {ENGINE_FLAGS})")
             setattr(self, k, bool(v))
+
+    def take_innocents(self) -> bool:
+        """The innocents flag for the cut step being closed. `innocents=False` is one-shot: it covers the NEXT cut step
+        only and then heals. Left on, a re-cut of the revoked request before its SUPERSEDE arrives (timing) could cut
+        an innocent's LAST prompt chunk; counted as computed with nothing sampled, that innocent would have nothing
+        left to schedule and hang, which is not the fault under test (one poisoned chunk, caught by its oracle)."""
+        on, self.innocents = self.innocents, True
+        return on
 
     def arm(self, scope: ScopeKey, hook: dict) -> None:
         bad = set(hook) - set(HOOKS) - {"index"}

@@ -235,7 +235,7 @@ class TransitionCore:
         if drafts:
             self.fence.note_drafts(drafts)
         if cut:
-            self.closure.close(cut, t, enabled=self.switches.closure, innocents=self.switches.innocents)
+            self.closure.close(cut, t, enabled=self.switches.closure, innocents=self.switches.take_innocents())
         for rid, start, n, plen, tables in pre:
             if not (cut and cut["chunks"].get(rid, (0, 0))[1]):
                 self.shape.observe(rid, start, n, plen, tables)
