@@ -349,6 +349,8 @@ def test_bench_growth_ttft_prompt_length(benchmark, facades, runner):
             blocks = statistics.median(t.inherited_tokens for t in rt) / BLOCK
             engine.setdefault("engine transition (engine clock)", []).append(
                 (blocks, [t.timings["engine_total"] for t in rt]))
+            for st in STAGES:  # which stage the real engine's cost per block comes from
+                engine.setdefault(f"stage {st}", []).append((blocks, [t.timings[st] for t in rt]))
 
     benchmark.pedantic(sweep, rounds=1, iterations=1)
     assert all(a["rounds_admitted"] for a in admitted.values()), admitted
@@ -362,8 +364,12 @@ def test_bench_growth_ttft_prompt_length(benchmark, facades, runner):
     e = curve(engine, name="transition_vs_certified_blocks_engine", x_label="certified blocks (real engine)",
               y_label="engine-side transition time (s)", complexity="")
     ex = e["fit"].get("engine transition (engine clock)", {}).get("exponent")
+    top = max(engine["engine transition (engine clock)"])[0]
+    split = {st: round(statistics.median(dict(engine[f"stage {st}"])[top]) * 1e3, 3) for st in STAGES}
     e["complexity"] = (f"real engine, long model: {order(ex, 'certified blocks')}, growth exponent {ex} over the "
-                       f"measured points ({len(LENGTHS)} prompt lengths)")
+                       f"measured points ({len(LENGTHS)} prompt lengths); at {top:.0f} blocks "
+                       f"{_ms_per_1000(engine['engine transition (engine clock)'], top)} ms per 1,000 blocks, "
+                       f"stages (ms) {split}")
     benchmark.extra_info.update({
         "scenario": "long-32k engine (chunk 2048): revision after the predecessor's prefill, 90% shared, paired, "
                     "every successor oracle-checked", "growth_curves": [c, e],
