@@ -5,7 +5,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export VLLM_LOGGING_LEVEL ?= WARNING
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv models run test test-all bench soak explore mutate clean seams seams-versions conform conform-versions gate-controls serve serve-test serve-test-slow serve-bench
+.PHONY: venv models run test test-all bench no-revision-ci soak explore mutate clean seams seams-versions conform conform-versions gate-controls serve serve-test serve-test-slow serve-bench
 
 venv:
 	@bash scripts/bootstrap.sh
@@ -24,6 +24,15 @@ test-all: models
 
 bench: models
 	$(PY) -m pytest perf -m bench -q -rs --benchmark-json=results/bench.json
+
+# issue 14 section 5, resumable: INSTANCES more fresh (retire, stock) engine pairs (6 rounds each) appended to
+# results/no-revision-pairs.jsonl; the nested 95% interval is computed over every line of the current code
+# (perf/pairs_ledger.py). Run it again to add pairs; Ctrl-C keeps every finished instance. Needs an idle machine.
+INSTANCES ?= 20
+no-revision-ci: models
+	RETIRE_PAIRS_LEDGER=results/no-revision-pairs.jsonl RETIRE_INSTANCES=$(INSTANCES) $(PY) -m pytest \
+		perf/test_bench_overhead.py -m bench -q -rs -s -k "across_instances and 1K" \
+		--benchmark-json=results/bench-no-revision-ci.json
 
 explore: models
 	$(PY) -m conformance.explore --schedules 10000 --workers 2 --json results/explore-10k.json

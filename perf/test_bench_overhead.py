@@ -32,6 +32,7 @@ from vllm import SamplingParams
 
 from conformance.fixtures.prompts import repo_prompt
 from oracles import collect, compare_logprobs_close, compare_tokens
+from perf import pairs_ledger
 from perf.common import Paired, bootstrap_ci, bootstrap_ci_nested, summary
 from retire.trials import reset_prefix_cache
 
@@ -231,9 +232,13 @@ def test_bench_stock_vs_stock_instance_control(benchmark, facades, pool, workloa
     print(f"\n[A/A stock instances] {workload}: {info['cost_ratio[stock-B/stock-A]']}")
 
 
-# instance pairs per workload: 16 for 1K-c1, the count whose nested 95% interval is at most 2% wide (issue 14; 4 pairs
-# gave 3.8%); 4 for mixed-8. `RETIRE_INSTANCES` overrides both.
+# instance pairs per workload in `make bench`: 16 for 1K-c1 (the reference run's nested interval over them was 7.6%
+# wide; 2% needs about 1,400 pairs, accumulated across runs by `make no-revision-ci` in the ledger below), 4 for
+# mixed-8. `RETIRE_INSTANCES` overrides both.
 INSTANCES = {w: int(os.environ.get("RETIRE_INSTANCES", n)) for w, n in (("1K-c1", "16"), ("mixed-8", "4"))}
+# when set (`make no-revision-ci`), every finished instance pair is appended to this ledger and the interval is
+# computed over all of its lines of the current code (perf/pairs_ledger.py)
+LEDGER = os.environ.get("RETIRE_PAIRS_LEDGER", "")
 PAIRS_PER_INSTANCE = 6
 
 
@@ -253,6 +258,8 @@ def test_bench_no_revision_vs_stock_across_instances(benchmark, facades, pool, b
     paired = Paired(arms)
     live: dict = {}
     instance_of: list[int] = []  # instance index of each admitted round
+    done: dict[int, list[float]] = {}  # instance index -> its admitted ratios (the ledger's record)
+    session = time.strftime("%Y%m%dT%H%M%S")
 
     def stop() -> None:
         eng, stock = live.pop("eng", None), live.pop("stock", None)
@@ -276,6 +283,9 @@ def test_bench_no_revision_vs_stock_across_instances(benchmark, facades, pool, b
         res = run(_retire_stock_pair(live["eng"], live["stock"], lens, i, paired.order(i), f"x{workload}-{i}"))
         if paired.add(i, res):
             instance_of.append(live["k"])
+            done.setdefault(live["k"], []).append(res["retire"].total / res["stock"].total)
+        if LEDGER and i % PAIRS_PER_INSTANCE == PAIRS_PER_INSTANCE - 1 and done.get(live["k"]):
+            _ledger_append(workload, f"{session}-{live['k']}", done[live["k"]])
 
     try:
         benchmark.pedantic(target, setup=setup, rounds=instances * PAIRS_PER_INSTANCE, iterations=1)
@@ -294,6 +304,20 @@ def test_bench_no_revision_vs_stock_across_instances(benchmark, facades, pool, b
                                          "nested_bootstrap_ci95_of_median": [round(x, 4) for x in nested] if nested
                                          else None},
             "instance_median_ratios": [round(statistics.median(g), 4) for g in groups if g]}
+    if LEDGER:
+        groups, other = pairs_ledger.load(LEDGER, code=pairs_ledger.code_digest(), workload=workload)
+        info["ledger"] = {"path": LEDGER, **pairs_ledger.interval(groups, other_code=other)}
     benchmark.extra_info.update(info)
     print(f"\n[vs stock, {instances} instance pairs] {workload}: {info['cost_ratio[retire/stock]']}; "
           f"per instance {info['instance_median_ratios']}")
+    if LEDGER:
+        print(f"[ledger] {workload}: {info['ledger']}")
+
+
+def _ledger_append(workload: str, instance: str, ratios: list[float]) -> None:
+    """One finished instance pair into the resumable ledger (perf/pairs_ledger.py), then the pooled interval."""
+    code = pairs_ledger.code_digest()
+    pairs_ledger.append(LEDGER, {"code": code, "workload": workload, "instance": instance,
+                                 "ratios": [round(r, 6) for r in ratios], "model": "long", "decode_tokens": 128})
+    groups, other = pairs_ledger.load(LEDGER, code=code, workload=workload)
+    print(f"\n[ledger] {workload}: {pairs_ledger.interval(groups, other_code=other)}", flush=True)

@@ -1,0 +1,90 @@
+"""A resumable ledger of fresh-instance paired rounds, for the no-revision cost's nested interval (issue 14 section 5).
+
+A 2%-wide nested 95% interval of retire/stock needs far more fresh engine pairs than one `make bench` can start (about
+1,400 pairs by 1/sqrt(pairs) from the reference run's 16 instances). `make no-revision-ci` therefore appends every
+finished instance pair to `results/no-revision-pairs.jsonl` and computes the interval over the whole ledger, so the
+pairs accumulate across runs and sessions.
+
+Invariants:
+- One JSON line per finished instance pair, appended and flushed when its last round ends: an interrupted run keeps
+  every instance it finished and loses at most the one it was in.
+- Each line names the code it measured (`code_digest`: the product's source files, the vLLM and torch versions) and
+  the workload. Only lines of the CURRENT digest and the requested workload are pooled; any change to `retire/` or to
+  the engine starts a new series (the old lines stay in the file, counted as `other_code`).
+- A line that is not a well-formed record is an error naming its line number, never skipped silently.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+from pathlib import Path
+
+from perf.common import bootstrap_ci_nested
+
+FIELDS = ("code", "workload", "instance", "ratios")
+TARGET_WIDTH = 0.02
+
+
+def code_digest(root: Path | None = None) -> str:
+    """16 hex digits over every `retire/**/*.py` (path and bytes, sorted) and the vLLM and torch versions."""
+    import torch
+    import vllm
+
+    root = root or Path(__file__).resolve().parent.parent / "retire"
+    h = hashlib.sha256(f"vllm {vllm.__version__} torch {torch.__version__}\n".encode())
+    for p in sorted(root.rglob("*.py")):
+        h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def append(path: str | os.PathLike, record: dict) -> None:
+    missing = [f for f in FIELDS if f not in record]
+    if missing:
+        raise ValueError(f"ledger record lacks {missing}")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(record, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def load(path: str | os.PathLike, *, code: str, workload: str) -> tuple[list[list[float]], int]:
+    """(ratio groups of the lines with this code digest and workload, number of lines of other code)."""
+    groups, other = [], 0
+    if not Path(path).exists():
+        return groups, other
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            ok = isinstance(rec, dict) and all(f in rec for f in FIELDS) and isinstance(rec["ratios"], list)
+        except json.JSONDecodeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"{path}:{n}: not a ledger record (needs {FIELDS}): {line[:120]!r}")
+        if rec["workload"] != workload:
+            continue
+        if rec["code"] != code:
+            other += 1
+            continue
+        groups.append([float(x) for x in rec["ratios"]])
+    return groups, other
+
+
+def interval(groups: list[list[float]], *, other_code: int = 0) -> dict:
+    """The pooled figures: instances, pairs, median ratio, nested 95% interval and its width, and the pairs the
+    target width needs at this spread (width scales as 1/sqrt(pairs))."""
+    pairs = sum(len(g) for g in groups)
+    ci = bootstrap_ci_nested(groups, n=2000, seed=0)
+    out = {"instances": len(groups), "pairs": pairs, "other_code_lines": other_code,
+           "median_ratio": round(statistics.median(x for g in groups for x in g), 4) if pairs else None,
+           "nested_ci95": [round(x, 4) for x in ci] if ci else None, "width": None, "target_width": TARGET_WIDTH,
+           "pairs_needed": None}
+    if ci:
+        width = ci[1] - ci[0]
+        out["width"] = round(width, 4)
+        out["pairs_needed"] = max(pairs, round(pairs * (width / TARGET_WIDTH) ** 2))
+    return out

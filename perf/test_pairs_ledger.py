@@ -1,0 +1,76 @@
+"""The resumable no-revision ledger (perf/pairs_ledger.py), engine-free: it runs in the default suite.
+
+Invariants checked: lines accumulate across runs and pool only with the current code digest and workload; a change
+to any product source file changes the digest (so a stale series never pools with a new one: the negative control
+edits one file); a malformed line is an error naming its line; the pairs-needed estimate follows 1/sqrt(pairs)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from perf import pairs_ledger as pl
+
+
+def _rec(code: str, ratios, workload: str = "1K-c1", instance: str = "s-0") -> dict:
+    return {"code": code, "workload": workload, "instance": instance, "ratios": list(ratios)}
+
+
+def test_lines_accumulate_across_runs_and_pool_only_their_code_and_workload(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    pl.append(path, _rec("aaaa", [1.0, 1.02], instance="run1-0"))
+    pl.append(path, _rec("aaaa", [0.99, 1.01], instance="run2-0"))   # a second run appends
+    pl.append(path, _rec("bbbb", [1.5, 1.5]))                        # other code: kept, not pooled
+    pl.append(path, _rec("aaaa", [2.0], workload="mixed-8"))          # other workload: ignored
+    groups, other = pl.load(path, code="aaaa", workload="1K-c1")
+    assert groups == [[1.0, 1.02], [0.99, 1.01]] and other == 1
+    out = pl.interval(groups, other_code=other)
+    assert out["instances"] == 2 and out["pairs"] == 4 and out["other_code_lines"] == 1
+    assert out["median_ratio"] == 1.005 and out["nested_ci95"][0] <= 1.005 <= out["nested_ci95"][1]
+
+
+def test_a_record_without_its_fields_is_refused_and_writes_nothing(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    with pytest.raises(ValueError, match="lacks"):
+        pl.append(path, {"code": "aaaa", "ratios": [1.0]})
+    assert not path.exists()
+
+
+def test_a_malformed_line_is_an_error_naming_its_line(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    pl.append(path, _rec("aaaa", [1.0]))
+    with open(path, "a") as f:
+        f.write('{"code": "aaaa", "ratios": [1.0\n')  # a line cut short (a run killed mid-write)
+    with pytest.raises(ValueError, match=r"pairs.jsonl:2"):
+        pl.load(path, code="aaaa", workload="1K-c1")
+
+
+def test_the_digest_changes_with_any_product_source_file(tmp_path):
+    src = tmp_path / "retire"
+    (src / "adapter").mkdir(parents=True)
+    (src / "engine.py").write_text("x = 1\n")
+    (src / "adapter" / "a.py").write_text("y = 2\n")
+    before = pl.code_digest(src)
+    assert pl.code_digest(src) == before
+    (src / "adapter" / "a.py").write_text("y = 3\n")  # negative control: one edited file must start a new series
+    assert pl.code_digest(src) != before
+    (src / "adapter" / "a.py").write_text("y = 2\n")
+    assert pl.code_digest(src) == before
+
+
+def test_pairs_needed_follows_one_over_sqrt_pairs():
+    rng = np.random.default_rng(3)
+    groups = [list(1.0 + off + rng.normal(0, 0.04, 6)) for off in rng.normal(0, 0.02, 16)]
+    out = pl.interval(groups)
+    assert out["width"] > pl.TARGET_WIDTH
+    assert out["pairs_needed"] == round(96 * (out["width"] / pl.TARGET_WIDTH) ** 2)
+    narrow = pl.interval([[1.0, 1.0001, 0.9999]] * 4)
+    assert narrow["width"] < pl.TARGET_WIDTH and narrow["pairs_needed"] == narrow["pairs"]
+
+
+def test_the_ledger_file_is_one_json_object_per_line(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    pl.append(path, _rec("aaaa", [1.0]))
+    pl.append(path, _rec("aaaa", [1.1], instance="s-1"))
+    assert [json.loads(x)["instance"] for x in path.read_text().splitlines()] == ["s-0", "s-1"]
