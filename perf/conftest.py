@@ -42,7 +42,7 @@ def _bench_progress(request):
     `results/bench-progress.jsonl`) and a progress line is printed."""
     t0 = time.monotonic()
     yield
-    fx = request.node.funcargs.get("benchmark")
+    fx = (getattr(request.node, "funcargs", None) or {}).get("benchmark")  # None after Ctrl-C: nothing to keep
     if fx is None or not hasattr(fx, "extra_info"):
         return
     meta = getattr(fx, "stats", None)

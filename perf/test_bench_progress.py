@@ -47,3 +47,21 @@ def test_negative_control_without_pruning_no_json_is_written(pytester, monkeypat
     res, log, out = _run(pytester, monkeypatch, CONFTEST.replace(pruning, "        pass"))
     assert not out.exists(), "pytest-benchmark wrote its JSON despite an empty benchmark: the pruning is not needed"
     assert len(log.read_text().splitlines()) == 2  # the progress log still has both
+
+
+def test_ctrl_c_inside_a_benchmark_keeps_the_finished_lines_and_raises_nothing_else(pytester, monkeypatch):
+    """`make no-revision-ci` is stopped with Ctrl-C: the teardown after the interrupt must not raise (pytest clears
+    the test's fixture values), and the benchmarks that finished keep their lines."""
+    log = pytester.path / "progress.jsonl"
+    monkeypatch.setenv("RETIRE_BENCH_LOG", str(log))
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_x=TESTS.split("def test_times_out_inside")[0] + """
+def test_interrupted(benchmark):
+    def stop():
+        raise KeyboardInterrupt
+    benchmark.pedantic(stop, rounds=1, iterations=1)
+""")
+    res = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly")
+    out = res.stdout.str() + res.stderr.str()
+    assert "KeyboardInterrupt" in out and "AttributeError" not in out, out[-2000:]
+    assert [json.loads(x)["test"].split("::")[1] for x in log.read_text().splitlines()] == ["test_ok"]
