@@ -9,8 +9,9 @@ Invariants:
 - One JSON line per finished instance pair, appended and flushed when its last round ends: an interrupted run keeps
   every instance it finished and loses at most the one it was in.
 - Each line names the code it measured (`code_digest`: the product's source files, the vLLM and torch versions) and
-  the workload. Only lines of the CURRENT digest and the requested workload are pooled; any change to `retire/` or to
-  the engine starts a new series (the old lines stay in the file, counted as `other_code`).
+  the workload and the timing harness. Only lines of the CURRENT digest, the requested workload and the same harness
+  are pooled; any change to `retire/`, the engine or the harness starts a new series (the old lines stay in the file,
+  counted as `other_code_lines`).
 - A line that is not a well-formed record is an error naming its line number, never skipped silently.
 """
 from __future__ import annotations
@@ -50,8 +51,9 @@ def append(path: str | os.PathLike, record: dict) -> None:
         os.fsync(f.fileno())
 
 
-def load(path: str | os.PathLike, *, code: str, workload: str) -> tuple[list[list[float]], int]:
-    """(ratio groups of the lines with this code digest and workload, number of lines of other code)."""
+def load(path: str | os.PathLike, *, code: str, workload: str, harness: str = "") -> tuple[list[list[float]], int]:
+    """(ratio groups of the lines with this code digest, workload and harness, number of lines of other code or
+    another harness: a line without `harness` was measured without the quiescence barrier, perf/quiesce.py)."""
     groups, other = [], 0
     if not Path(path).exists():
         return groups, other
@@ -67,7 +69,7 @@ def load(path: str | os.PathLike, *, code: str, workload: str) -> tuple[list[lis
             raise ValueError(f"{path}:{n}: not a ledger record (needs {FIELDS}): {line[:120]!r}")
         if rec["workload"] != workload:
             continue
-        if rec["code"] != code:
+        if rec["code"] != code or rec.get("harness", "") != harness:
             other += 1
             continue
         groups.append([float(x) for x in rec["ratios"]])

@@ -33,6 +33,7 @@ from vllm import SamplingParams
 from conformance.fixtures.prompts import repo_prompt
 from oracles import collect, compare_logprobs_close, compare_tokens
 from perf import pairs_ledger
+from perf.quiesce import HARNESS, quiesce
 from perf.common import Paired, bootstrap_ci, bootstrap_ci_nested, summary
 from retire.trials import reset_prefix_cache
 
@@ -146,7 +147,10 @@ async def _paired_round(arms: dict, lens: list[int], i: int, order: list[str], *
     the verdict against `reference`: alone, the same execution shape, so exact; batched, the batch composition per step
     may differ between the engines (CPU kernels are not batch-invariant), so the logprob-closeness rule applies."""
     prompts = [repo_prompt(n, seed=seed + 97 * i + k) for k, n in enumerate(lens)]
-    res = {a: await arms[a](prompts) for a in order}
+    res = {}
+    for a in order:
+        await quiesce()  # the other arm's engine stops spinning first (perf/quiesce.py)
+        res[a] = await arms[a](prompts)
     cmp = compare_tokens if len(lens) == 1 else compare_logprobs_close
     vs = [cmp(subject=x, oracle=y, subject_name=subject, oracle_name=reference)
           for x, y in zip(res[subject].runs, res[reference].runs)]
@@ -305,8 +309,8 @@ def test_bench_no_revision_vs_stock_across_instances(benchmark, facades, pool, b
                                          else None},
             "instance_median_ratios": [round(statistics.median(g), 4) for g in groups if g]}
     if LEDGER:
-        groups, other = pairs_ledger.load(LEDGER, code=pairs_ledger.code_digest(), workload=workload)
-        info["ledger"] = {"path": LEDGER, **pairs_ledger.interval(groups, other_code=other)}
+        groups, other = pairs_ledger.load(LEDGER, code=pairs_ledger.code_digest(), workload=workload, harness=HARNESS)
+        info["ledger"] = {"path": LEDGER, "harness": HARNESS, **pairs_ledger.interval(groups, other_code=other)}
     benchmark.extra_info.update(info)
     print(f"\n[vs stock, {instances} instance pairs] {workload}: {info['cost_ratio[retire/stock]']}; "
           f"per instance {info['instance_median_ratios']}")
@@ -318,6 +322,7 @@ def _ledger_append(workload: str, instance: str, ratios: list[float]) -> None:
     """One finished instance pair into the resumable ledger (perf/pairs_ledger.py), then the pooled interval."""
     code = pairs_ledger.code_digest()
     pairs_ledger.append(LEDGER, {"code": code, "workload": workload, "instance": instance,
-                                 "ratios": [round(r, 6) for r in ratios], "model": "long", "decode_tokens": 128})
-    groups, other = pairs_ledger.load(LEDGER, code=code, workload=workload)
+                                 "ratios": [round(r, 6) for r in ratios], "model": "long", "decode_tokens": 128,
+                                 "harness": HARNESS})
+    groups, other = pairs_ledger.load(LEDGER, code=code, workload=workload, harness=HARNESS)
     print(f"\n[ledger] {workload}: {pairs_ledger.interval(groups, other_code=other)}", flush=True)

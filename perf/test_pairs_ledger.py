@@ -23,10 +23,12 @@ def test_lines_accumulate_across_runs_and_pool_only_their_code_and_workload(tmp_
     pl.append(path, _rec("aaaa", [0.99, 1.01], instance="run2-0"))   # a second run appends
     pl.append(path, _rec("bbbb", [1.5, 1.5]))                        # other code: kept, not pooled
     pl.append(path, _rec("aaaa", [2.0], workload="mixed-8"))          # other workload: ignored
+    pl.append(path, dict(_rec("aaaa", [0.5]), harness="quiesce-1"))  # another timing harness: its own series
     groups, other = pl.load(path, code="aaaa", workload="1K-c1")
-    assert groups == [[1.0, 1.02], [0.99, 1.01]] and other == 1
+    assert groups == [[1.0, 1.02], [0.99, 1.01]] and other == 2
+    assert pl.load(path, code="aaaa", workload="1K-c1", harness="quiesce-1") == ([[0.5]], 3)
     out = pl.interval(groups, other_code=other)
-    assert out["instances"] == 2 and out["pairs"] == 4 and out["other_code_lines"] == 1
+    assert out["instances"] == 2 and out["pairs"] == 4 and out["other_code_lines"] == 2
     assert out["median_ratio"] == 1.005 and out["nested_ci95"][0] <= 1.005 <= out["nested_ci95"][1]
 
 
