@@ -90,3 +90,9 @@ def interval(groups: list[list[float]], *, other_code: int = 0) -> dict:
         out["width"] = round(width, 4)
         out["pairs_needed"] = max(pairs, round(pairs * (width / TARGET_WIDTH) ** 2))
     return out
+
+
+def pooled(path: str | os.PathLike, *, code: str, workload: str, harness: str = "") -> dict:
+    """`interval` over the ledger's lines of this code digest, workload and harness."""
+    groups, other = load(path, code=code, workload=workload, harness=harness)
+    return interval(groups, other_code=other)

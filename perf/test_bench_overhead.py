@@ -262,8 +262,14 @@ def test_bench_no_revision_vs_stock_across_instances(benchmark, facades, pool, b
     paired = Paired(arms)
     live: dict = {}
     instance_of: list[int] = []  # instance index of each admitted round
-    done: dict[int, list[float]] = {}  # instance index -> its admitted ratios (the ledger's record)
     session = time.strftime("%Y%m%dT%H%M%S")
+    code = pairs_ledger.code_digest() if LEDGER else ""  # the code measured, read once before the first pair
+    total = lambda t: t.total
+
+    def groups() -> list[list[float]]:
+        """Admitted retire/stock ratios per instance index."""
+        ratios = paired.ratios("retire", "stock", total)
+        return [[r for r, k in zip(ratios, instance_of) if k == j] for j in range(instances)]
 
     def stop() -> None:
         eng, stock = live.pop("eng", None), live.pop("stock", None)
@@ -287,19 +293,16 @@ def test_bench_no_revision_vs_stock_across_instances(benchmark, facades, pool, b
         res = run(_retire_stock_pair(live["eng"], live["stock"], lens, i, paired.order(i), f"x{workload}-{i}"))
         if paired.add(i, res):
             instance_of.append(live["k"])
-            done.setdefault(live["k"], []).append(res["retire"].total / res["stock"].total)
-        if LEDGER and i % PAIRS_PER_INSTANCE == PAIRS_PER_INSTANCE - 1 and done.get(live["k"]):
-            _ledger_append(workload, f"{session}-{live['k']}", done[live["k"]])
+        if LEDGER and i % PAIRS_PER_INSTANCE == PAIRS_PER_INSTANCE - 1 and (mine := groups()[live["k"]]):
+            _ledger_append(code, workload, f"{session}-{live['k']}", mine)
 
     try:
         benchmark.pedantic(target, setup=setup, rounds=instances * PAIRS_PER_INSTANCE, iterations=1)
     finally:
         stop()
     assert paired.rounds, paired.admission()
-    total = lambda t: t.total
-    ratios = paired.ratios("retire", "stock", total)
-    groups = [[r for r, k in zip(ratios, instance_of) if k == j] for j in range(instances)]
-    nested = bootstrap_ci_nested(groups, n=2000, seed=0)
+    ratios, per_instance = paired.ratios("retire", "stock", total), groups()
+    nested = bootstrap_ci_nested(per_instance, n=2000, seed=0)
     info = {"paper_metric": "no-revision cost: retire vs stock vLLM over several engine instances (Table 11)",
             "model": "long", "workload": workload, "prompt_lens": lens, "decode_tokens": 128,
             "instances": instances, "pairs_per_instance": PAIRS_PER_INSTANCE, **paired.admission(),
@@ -307,22 +310,20 @@ def test_bench_no_revision_vs_stock_across_instances(benchmark, facades, pool, b
             "cost_ratio[retire/stock]": {**_ratio_info(ratios),
                                          "nested_bootstrap_ci95_of_median": [round(x, 4) for x in nested] if nested
                                          else None},
-            "instance_median_ratios": [round(statistics.median(g), 4) for g in groups if g]}
+            "instance_median_ratios": [round(statistics.median(g), 4) for g in per_instance if g]}
     if LEDGER:
-        groups, other = pairs_ledger.load(LEDGER, code=pairs_ledger.code_digest(), workload=workload, harness=HARNESS)
-        info["ledger"] = {"path": LEDGER, "harness": HARNESS, **pairs_ledger.interval(groups, other_code=other)}
+        info["ledger"] = {"path": LEDGER, "harness": HARNESS,
+                          **pairs_ledger.pooled(LEDGER, code=code, workload=workload, harness=HARNESS)}
     benchmark.extra_info.update(info)
     print(f"\n[vs stock, {instances} instance pairs] {workload}: {info['cost_ratio[retire/stock]']}; "
-          f"per instance {info['instance_median_ratios']}")
-    if LEDGER:
-        print(f"[ledger] {workload}: {info['ledger']}")
+          f"per instance {info['instance_median_ratios']}" + (f"\n[ledger] {workload}: {info['ledger']}" if LEDGER
+                                                              else ""))
 
 
-def _ledger_append(workload: str, instance: str, ratios: list[float]) -> None:
+def _ledger_append(code: str, workload: str, instance: str, ratios: list[float]) -> None:
     """One finished instance pair into the resumable ledger (perf/pairs_ledger.py), then the pooled interval."""
-    code = pairs_ledger.code_digest()
     pairs_ledger.append(LEDGER, {"code": code, "workload": workload, "instance": instance,
                                  "ratios": [round(r, 6) for r in ratios], "model": "long", "decode_tokens": 128,
                                  "harness": HARNESS})
-    groups, other = pairs_ledger.load(LEDGER, code=code, workload=workload, harness=HARNESS)
-    print(f"\n[ledger] {workload}: {pairs_ledger.interval(groups, other_code=other)}", flush=True)
+    print(f"\n[ledger] {workload}: {pairs_ledger.pooled(LEDGER, code=code, workload=workload, harness=HARNESS)}",
+          flush=True)

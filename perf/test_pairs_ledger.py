@@ -27,6 +27,7 @@ def test_lines_accumulate_across_runs_and_pool_only_their_code_and_workload(tmp_
     groups, other = pl.load(path, code="aaaa", workload="1K-c1")
     assert groups == [[1.0, 1.02], [0.99, 1.01]] and other == 2
     assert pl.load(path, code="aaaa", workload="1K-c1", harness="quiesce-1") == ([[0.5]], 3)
+    assert pl.pooled(path, code="aaaa", workload="1K-c1") == pl.interval(groups, other_code=other)
     out = pl.interval(groups, other_code=other)
     assert out["instances"] == 2 and out["pairs"] == 4 and out["other_code_lines"] == 2
     assert out["median_ratio"] == 1.005 and out["nested_ci95"][0] <= 1.005 <= out["nested_ci95"][1]
