@@ -7,6 +7,7 @@ logprob-closeness rule against clean_prefix_run; the engine-health run keeps the
 judged exactly.
 """
 import asyncio
+import contextlib
 
 import pytest
 from vllm import SamplingParams
@@ -197,30 +198,36 @@ def test_mixed_step_is_cut_and_the_decode_bystander_equals_its_oracle(long8k, te
     assert_logprobs_close(subject=new, oracle=oracle, subject_name="successor", oracle_name="clean_prefix_run")
 
 
-async def _prefill_bystander(h, *, innocents: bool, b_len: int, a_tail: int, layer: int, seed: int):
-    """A (prompt U + a_tail) runs its first U-token step alone; B (b_len tokens) is admitted meanwhile, so A's second
-    step is A's tail + B's first chunk. A is revised at `layer` of that step (LCP 300: A's chunk is obsolete)."""
+@contextlib.asynccontextmanager
+async def _mixed_step_held(h, *, innocents: bool, b_len: int, a_tail: int, seed: int):
+    """A (prompt U + a_tail) runs its first U-token step alone; B (b_len tokens) is admitted meanwhile; yields with
+    the worker held at layer 0 of A's second step (A's tail + B's first chunk): (land, prompt, b_prompt, A's and B's
+    collect tasks). Leaving releases the worker. `innocents=False` switches the innocents' rollback off (one cut)."""
     eng, unit = h.retire, 4096
     await eng.backend.sched("set_step_tokens", {"tokens": unit})
     if not innocents:
         await eng.backend.sched("switches", {"innocents": False})
     prompt, b_prompt = repo_prompt(unit + a_tail, seed=seed), tokens(b_len, seed + 1)
-    land = LandInStep(eng, 1)
-    try:
-        await land.__aenter__()                         # armed before A exists: it holds A's first step
+    async with LandInStep(eng, 1) as land:              # armed before A exists: it holds A's first step
         await eng.submit("a", prompt, SP_OLD)
         old = asyncio.ensure_future(collect(eng, "a", 0))
         await land.paused()                             # A's first step, alone
         await eng.submit("pb", b_prompt, SP_B)          # queued in EngineCore; admitted after this step
         b_task = asyncio.ensure_future(collect(eng, "pb"))
         await land.next_step(0)                         # A's tail + B's first chunk, layer 0
+        yield land, prompt, b_prompt, old, b_task
+
+
+async def _prefill_bystander(h, *, innocents: bool, b_len: int, a_tail: int, layer: int, seed: int):
+    """A is revised at `layer` of its second step, shared with B's first chunk (LCP 300: A's chunk is obsolete)."""
+    eng = h.retire
+    async with _mixed_step_held(h, innocents=innocents, b_len=b_len, a_tail=a_tail, seed=seed) as held:
+        land, prompt, b_prompt, old, b_task = held
         if layer:
             mb = eng.backend.mailbox
             await mb.wait_pause_count(mb.move_pause(layer))  # the same step, at `layer`
         task = asyncio.ensure_future(eng.supersede("a", 0, revise(prompt, 300, 2000, seed), SP_NEW))
         await land.posted(eng.internal_id("a", 0))
-    finally:
-        await land.__aexit__(None, None, None)
     tr = await task
     await collect(eng, "a", 1)
     await eng.backend.sched("switches", {"innocents": True})
@@ -261,19 +268,9 @@ async def _re_cut_bystander(h, *, innocents: bool, seed: int):
     """As `_prefill_bystander`, but A's revocation is posted with no SUPERSEDE behind it (StuckRevocation: a slow
     frontend), so every step that runs A is cut again; the loop is held until the cut step holding B's LAST prompt
     chunk (904 tokens) has been cut too, then healed. Returns A's and B's runs."""
-    eng, unit = h.retire, 4096
-    await eng.backend.sched("set_step_tokens", {"tokens": unit})
-    if not innocents:
-        await eng.backend.sched("switches", {"innocents": False})
-    prompt, b_prompt = repo_prompt(unit + 2000, seed=seed), tokens(3000, seed + 1)
-    mb = eng.backend.mailbox
-    async with LandInStep(eng, 1) as land:
-        await eng.submit("a", prompt, SP_OLD)
-        old = asyncio.ensure_future(collect(eng, "a", 0))
-        await land.paused()                             # A's first step, alone
-        await eng.submit("pb", b_prompt, SP_B)
-        b_task = asyncio.ensure_future(collect(eng, "pb"))
-        await land.next_step(0)                         # A's tail + B's first chunk, layer 0
+    eng, mb = h.retire, h.retire.backend.mailbox
+    async with _mixed_step_held(h, innocents=innocents, b_len=3000, a_tail=2000, seed=seed) as held:
+        _, _, b_prompt, old, b_task = held
         start = mb.count("cuts")
         fault = StuckRevocation("a")
         await fault.inject(eng)
@@ -333,8 +330,7 @@ def test_engine_health_after_a_hundred_cut_short_steps(long8k):
         start = mb.count("cuts")
         await eng.submit("health", prompt, sp)
         async with StuckRevocation("health").on(eng):
-            while mb.count("cuts") - start < 100:  # barrier on the worker's own counter
-                await asyncio.sleep(0.005)
+            await mb.wait_count("cuts", start + 99, timeout=600)  # barrier on the worker's own counter
             st = await eng.backend.sched("request_state", {"req_id": eng.internal_id("health")})
         run = await collect(eng, "health")
         return mb.count("cuts") - start, st, run, await eng.backend.sched("audit")
