@@ -118,14 +118,19 @@ class Mailbox(SharedFile):
         self._set(0, 0)
         self._set(2, 1)
 
-    async def wait_paused(self, timeout: float = 120.0) -> None:
-        """Barrier for the frontend: returns once the worker is held at the armed layer."""
+    @staticmethod
+    async def _until(done, timeout: float, error) -> None:
+        """Poll `done()` (a read of the shared words) until true; TimeoutError(error()) after `timeout` seconds."""
         import asyncio
         t0 = time.monotonic()
-        while not self.paused():
+        while not done():
             if time.monotonic() - t0 > timeout:
-                raise TimeoutError("worker never reached the armed safe point")
+                raise TimeoutError(error())
             await asyncio.sleep(0.001)  # polling a shared word; the barrier is the worker's state, not time
+
+    async def wait_paused(self, timeout: float = 120.0) -> None:
+        """Barrier for the frontend: returns once the worker is held at the armed layer."""
+        await self._until(self.paused, timeout, lambda: "worker never reached the armed safe point")
 
     def move_pause(self, layer: int) -> int:
         """From a pause at an earlier layer, hold the worker again at `layer` of the SAME step: arm the new layer,
@@ -138,12 +143,8 @@ class Mailbox(SharedFile):
 
     async def wait_pause_count(self, above: int, timeout: float = 120.0) -> None:
         """Barrier: return once the worker has paused more than `above` times and is held now."""
-        import asyncio
-        t0 = time.monotonic()
-        while not (self._get(6) > above and self.paused()):
-            if time.monotonic() - t0 > timeout:
-                raise TimeoutError("worker never reached the moved safe point")
-            await asyncio.sleep(0.001)  # polling a shared word; the barrier is the worker's state, not time
+        await self._until(lambda: self._get(6) > above and self.paused(), timeout,
+                          lambda: "worker never reached the moved safe point")
 
     def worker_pause_point(self, layer: int, step_keys=()) -> None:
         """Called by the worker at each safe point of a step running the requests whose mailbox keys are `step_keys`:
@@ -167,13 +168,10 @@ class Mailbox(SharedFile):
 
     async def wait_count(self, what: str, above: int, timeout: float = 120.0) -> int:
         """Barrier on the worker's own counter (`cuts` or `checks`): return it once it exceeds `above`."""
-        import asyncio
-        t0 = time.monotonic()
-        while (n := self.count(what)) <= above:
-            if time.monotonic() - t0 > timeout:
-                raise TimeoutError(f"the worker's {what} count stayed at {n} (waited for more than {above})")
-            await asyncio.sleep(0.001)  # polling a shared word; the barrier is the worker's state, not time
-        return n
+        await self._until(lambda: self.count(what) > above, timeout,
+                          lambda: f"the worker's {what} count stayed at {self.count(what)} (waited for more than "
+                                  f"{above})")
+        return self.count(what)
 
     def bump(self, what: str, n: int = 1) -> None:
         i = {"cuts": 3, "checks": 4}[what]
