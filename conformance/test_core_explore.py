@@ -48,8 +48,8 @@ def _must_catch(monkeypatch, target: str, mutant, examples: int = 300) -> str:
 def test_negative_control_len_minus_one_cap_dropped(monkeypatch):
     from retire import align
 
-    def no_cap(*, old_tokens, new_prompt, frontier, align):  # the cap at len(new) - 1 forgotten
-        lcp = align_mod.common_prefix_len(old_tokens, new_prompt)
+    def no_cap(*, old_tokens, new_prompt, frontier, align, known=0):  # the cap at len(new) - 1 forgotten
+        lcp = align_mod.common_prefix_len(old_tokens, new_prompt, start=known)
         cap = max(0, min(lcp, frontier))
         return align_mod.Alignment(lcp=lcp, frontier=frontier, cap=cap, align=align, certified=cap - cap % align)
 

@@ -32,6 +32,7 @@ import statistics
 import time
 import tracemalloc
 
+import msgspec
 import pytest
 from vllm import SamplingParams
 
@@ -56,16 +57,23 @@ def _ms_per_1000(pts, n):
 
 
 # ---------------------------------------------------------------------------------------------- certified blocks
+def _wire(toks: list[int]) -> list[int]:
+    """Token ids as EngineCore holds them: decoded from msgpack, so the two versions share no int object (a revision
+    built by slicing the old prompt would make every compare an identity check, which the real engine never gets)."""
+    return msgspec.msgpack.decode(msgspec.msgpack.encode(toks))
+
+
 def _certified_point(n: int, rounds: int) -> dict[str, list[float]]:
     length = n * BLOCK + 16
     core = EngineFreeCore(num_blocks=2 * n + 64, block=BLOCK, chunk=16384, max_model_len=length + 512, max_num_seqs=4)
     out: dict[str, list[float]] = {}
     for r in range(rounds + 1):  # round 0 warms the code paths and is not recorded
-        prompt = tokens(length, r)
+        prompt = _wire(tokens(length, r))
         rid = core.submit("t", f"s{r}", prompt, max_tokens=4)
         while core.port.frontier(rid) < length:
             core.step()
-        key, req = core.successor("t", f"s{r}", 0, revise(prompt, n * BLOCK + 8, n * BLOCK + 24, r), max_tokens=4)
+        revised = _wire(revise(prompt, n * BLOCK + 8, n * BLOCK + 24, r))
+        key, req = core.successor("t", f"s{r}", 0, revised, max_tokens=4)
         t0 = time.perf_counter()
         core.s.add_request(req)
         dt = time.perf_counter() - t0

@@ -26,6 +26,7 @@ class RequestView:
     finished: bool
     fingerprint: tuple[tuple[str, Any], ...]
     spec_pending: int = 0      # draft tokens proposed, not yet verified (speculative decoding)
+    hashes: Sequence[bytes] = ()  # chained prefix hashes of `tokens`' full blocks (see KVPort.hash_block)
 
 
 class KVPort(Protocol):
@@ -35,6 +36,8 @@ class KVPort(Protocol):
     null_block_id: int
     block_bytes: tuple[int, ...]            # per KV group: KV bytes one block id stands for (all layers of its group)
     config_fingerprint: tuple[tuple[str, Any], ...]
+    hash_block: int | None                  # tokens per entry of RequestView.hashes when an equal entry may stand
+                                            # for equal tokens (collision-resistant hash), else None
 
     # -- reads
     def view(self, req: Any) -> RequestView | None: ...        # a request id, or a request handle not yet admitted

@@ -8,6 +8,8 @@ Invariants (each stage is a method below; `supersede` runs them in order, atomic
 - ALIGN: certified = min(LCP, frontier, len(new) - 1) rounded down to the unit shared by every KV group (and the
   prefill chunk under "exact", within the cold-shaped extent), within the tenant's pin quota; sliding-window groups
   keep null placeholders before the window; the predecessor must be live and share the successor's fingerprint.
+  The LCP reads vLLM's chained prefix-cache hashes first when the port trusts them (sha256): equal hashes prove the
+  leading full blocks equal in O(log blocks); only the tokens after them are compared.
 - PIN: the certified blocks carry one handoff pin from here until adoption is verified.
 - RESUME: generations re-checked; the successor's table aliases the certified blocks (or, under the DRAM tier, it is
   held for a restore); a successor that inherits nothing reads no prefix cache at all.
@@ -22,7 +24,7 @@ import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
-from .align import Alignment, ChunkShape, alignment_unit, certify_length
+from .align import Alignment, ChunkShape, alignment_unit, certify_length, chained_prefix_count
 from .closure import WriterClosure
 from .dram.engine import DramLedger
 from .fence import Fence, FenceOutcome
@@ -123,7 +125,10 @@ class TransitionCore:
         if reason is not None:
             return Plan(reason=reason)
         unit = alignment_unit(self.port.block_size, contract.mode, self.port.chunk)
-        a = certify_length(old_tokens=old.tokens, new_prompt=new.prompt, frontier=fo.frontier, align=unit)
+        hb = self.port.hash_block  # equal chained prefix hashes stand for equal tokens: O(log blocks), not O(LCP)
+        known = chained_prefix_count(old.hashes, new.hashes) * hb if hb else 0
+        a = certify_length(old_tokens=old.tokens, new_prompt=new.prompt, frontier=fo.frontier, align=unit,
+                           known=known)
         n, reason = a.certified, None
         if contract.mode == "exact" and n > (extent := self.shape.extent(old_id)):
             n = extent - extent % unit  # only KV written in a cold run's chunk shape (align.ChunkShape)

@@ -18,6 +18,11 @@ from .seams import check_live
 from .table_0_32 import SEAMS
 
 
+#: prefix-cache hash algorithms (vLLM's `prefix_caching_hash_algo`) whose equal block hashes ALIGN takes for equal
+#: tokens: collision-resistant ones only. Under xxhash, a crafted collision is feasible, so ALIGN compares tokens.
+TRUSTED_HASHES = ("sha256", "sha256_cbor")
+
+
 class SchedulerPort:
     """`retire.port.KVPort` over one vLLM `Scheduler` instance (called in the engine thread, between steps)."""
 
@@ -41,6 +46,8 @@ class SchedulerPort:
         self.chunk = int(cfg.scheduler_config.max_num_batched_tokens)
         self.world_size = int(cfg.parallel_config.world_size)
         self.spec_enabled = cfg.speculative_config is not None
+        cc = cfg.cache_config
+        self.hash_block = int(sched.hash_block_size) if cc.prefix_caching_hash_algo in TRUSTED_HASHES else None
 
     # ------------------------------------------------------------------ reads
     def view(self, req: Any) -> RequestView | None:
@@ -50,7 +57,7 @@ class SchedulerPort:
         lora = getattr(r, "lora_request", None)
         return RequestView(r.request_id, r.prompt_token_ids, r.all_token_ids, int(r.num_computed_tokens),
                            r.is_finished(), (("cache_salt", r.cache_salt), ("lora", getattr(lora, "lora_name", None))),
-                           len(r.spec_token_ids or ()))
+                           len(r.spec_token_ids or ()), r.block_hashes)
 
     def known(self, req_id: str) -> bool:
         """Still in the scheduler (live, held, or finished with its blocks' free delayed)."""

@@ -15,8 +15,10 @@ from typing import Any, Sequence
 
 @lru_cache(maxsize=8)
 def configs(model: str, *, block_size: int = 32, chunk: int = 256, max_model_len: int = 2048, num_blocks: int = 256,
-            max_num_seqs: int = 16, prefix_caching: bool = True, sliding_window: int | None = None):
-    """(vllm_config, kv_cache_config): one full-attention KV group, plus a sliding-window group if asked."""
+            max_num_seqs: int = 16, prefix_caching: bool = True, sliding_window: int | None = None,
+            hash_algo: str = "sha256"):
+    """(vllm_config, kv_cache_config): one full-attention KV group, plus a sliding-window group if asked; `hash_algo`
+    is vLLM's `prefix_caching_hash_algo`."""
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
@@ -25,7 +27,7 @@ def configs(model: str, *, block_size: int = 32, chunk: int = 256, max_model_len
     sc = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=chunk, max_model_len=max_model_len,
                          enable_chunked_prefill=True, is_encoder_decoder=False)
     mc = ModelConfig(model=model, dtype="bfloat16", seed=0, skip_tokenizer_init=True, max_model_len=max_model_len)
-    cc = CacheConfig(block_size=block_size, enable_prefix_caching=prefix_caching)
+    cc = CacheConfig(block_size=block_size, enable_prefix_caching=prefix_caching, prefix_caching_hash_algo=hash_algo)
     vc = VllmConfig(scheduler_config=sc, model_config=mc, cache_config=cc)
     groups = [KVCacheGroupSpec(["full"], FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1,
                                                            dtype=torch.float32))]
