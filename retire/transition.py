@@ -174,7 +174,7 @@ class TransitionCore:
         for g, (table, bs) in enumerate(zip(self.port.blocks(old_id), self.port.group_block_sizes)):
             head = self.slack.fill(old_id, g, table[: n // bs])  # revision slack: kept blocks vLLM nulled
             first = self.port.first_needed_block(g, n)
-            if any(b == null for b in head[first:]):
+            if null in head[first:]:  # C-level scan, not a Python generator per block
                 return [], (f"sliding window: blocks the successor attends to at {n} tokens were already evicted "
                             f"by the predecessor" + self.slack.explain(old_id))
             out.append([null] * first + head[first:])
