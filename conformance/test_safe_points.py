@@ -343,10 +343,11 @@ def test_engine_health_after_a_hundred_cut_short_steps(long8k):
 
 
 async def _one_long_prefill(eng, prompt, sliced: bool, salt: str):
-    """Run `prompt` (first step 8192 tokens: armed, sliced when `sliced`) and return its published run, the KV digests
-    of its prompt's full blocks, the digests of every logits tensor the model computed, and the slicer's report."""
+    """Run `prompt` (first step armed, sliced when `sliced`) and return its published run, the KV digests of its
+    prompt's full blocks, the digests of every logits tensor the model computed, the number of layers whose attention
+    and whose MLP ran sliced, and the slicer's report."""
     await eng.backend.worker("retire_slicing", sliced)
-    before = (await eng.backend.worker("retire_slicing"))[0]["sliced_calls"]
+    before = (await eng.backend.worker("retire_slicing"))[0]
     await eng.backend.worker("retire_logits_probe", True)
     scope = f"slice-{salt}"
     sp = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True, logprobs=5)
@@ -358,24 +359,33 @@ async def _one_long_prefill(eng, prompt, sliced: bool, salt: str):
     run = await task
     logits = (await eng.backend.worker("retire_logits_probe", False))[0]
     info = (await eng.backend.worker("retire_slicing", True))[0]
-    return run, kv, logits, info["sliced_calls"] - before, info
+    calls = (info["sliced_calls"] - before["sliced_calls"], info["mlp"]["split_calls"] - before["mlp"]["split_calls"])
+    return run, kv, logits, calls, info
 
 
-def test_sliced_attention_step_is_bit_identical_to_the_unsliced_step(long8k):
-    """An 8192-token step with its attention split into query slices (a safe point between every two) against the
-    same step unsliced, on one engine: every logits tensor, every KV block and every published token and logprob
-    are equal (`==`)."""
+@pytest.mark.parametrize("step,rows,prompt_len", [(8192, None, 8300), (2048, 512, 2100)],
+                         ids=["8192-step-default-slices", "2048-step-512-row-slices"])
+def test_sliced_attention_step_is_bit_identical_to_the_unsliced_step(long8k, step, rows, prompt_len):
+    """A step with its attention split into query slices and its MLP into row slices (a safe point between every
+    two) against the same step unsliced, on one engine: every logits tensor, every KV block and every published token
+    and logprob are equal (`==`). The 2048-token case runs the finer setting (`safe_point_slice_min_tokens=2048`,
+    `safe_point_slice_rows=512`) the long replay uses."""
     h = long8k
-    prompt = repo_prompt(8300, seed=404)
 
     async def go():
-        await h.retire.backend.sched("set_step_tokens", {"tokens": 8192})
-        return (await _one_long_prefill(h.retire, prompt, True, "sliced"),
-                await _one_long_prefill(h.retire, prompt, False, "unsliced"))
+        await h.retire.backend.sched("set_step_tokens", {"tokens": step})
+        if rows:
+            await h.retire.backend.worker("retire_slicing", None, step, rows)
+        try:
+            return (await _one_long_prefill(h.retire, repo_prompt(prompt_len, seed=404), True, f"sliced-{step}"),
+                    await _one_long_prefill(h.retire, repo_prompt(prompt_len, seed=404), False, f"unsliced-{step}"))
+        finally:
+            if rows:
+                await h.retire.backend.worker("retire_slicing", None, 8192, 1024)  # the worker's defaults
 
     (run_s, kv_s, lg_s, calls_s, info), (run_u, kv_u, lg_u, calls_u, _) = h.run(go())
-    assert info["verdict"]["exact"], info["verdict"]
-    assert calls_s == 8 and calls_u == 0, (calls_s, calls_u)  # every layer's attention sliced in the 8192 step only
-    assert len(kv_s) == 8300 // 32 and kv_s == kv_u
+    assert info["verdict"]["exact"] and info["mlp"]["verdict"]["exact"], info
+    assert calls_s == (8, 8) and calls_u == (0, 0), (calls_s, calls_u)  # every layer sliced in the long step only
+    assert len(kv_s) == prompt_len // 32 and kv_s == kv_u
     assert len(lg_s) == len(lg_u) >= 2 and lg_s == lg_u
     assert run_s.tokens == run_u.tokens and run_s.logprobs == run_u.logprobs

@@ -69,7 +69,19 @@ def _prompts(w: Workload, seed: int):
 
 
 def _facade(fs, arm):
-    return fs["retire"] if arm == "ideal" else fs[arm]
+    return fs["retire"] if arm in ("ideal", "retire-fine") else fs[arm]
+
+
+#: `retire-fine` (long shape): retire with safe points inside the attention (query slices) and the MLP (row slices)
+#: of every armed step from 2048 tokens, 512 tokens per slice (engine options `safe_point_slice_min_tokens`,
+#: `safe_point_slice_rows`); the other arms run the worker's defaults (from 8192 tokens, 1024 per slice)
+FINE = (2048, 512)
+DEFAULT_SLICES = (8192, 1024)
+
+
+async def _slices_for(fs, arm: str) -> None:
+    await fs["retire"].backend.ensure_safe_points()
+    await fs["retire"].backend.worker("retire_slicing", None, *(FINE if arm == "retire-fine" else DEFAULT_SLICES))
 
 
 @pytest.mark.timeout(3 * 1800)  # rounds are bounded at 1800 s each (long shape); pytest-timeout's 900 s would cut them
@@ -77,16 +89,21 @@ def _facade(fs, arm):
 def test_bench_replay_recorded_burst(benchmark, facades, runner, shape):
     fs, oracle = facades(shape, "native-cold", "native-prefix", "retire")
     w = REPLAY[shape]
-    rounds = ROUNDS if shape == "unit" else 2
+    rounds = ROUNDS if shape == "unit" else 3
+    arms = ARMS + (("retire-fine",) if shape == "long" else ())
     arrivals = trace_arrivals(read_trace_jsonl(TRACE))
     plans = plan(arrivals, w)
-    paired = Paired(ARMS)
+    paired = Paired(arms)
 
     async def one_round(i: int):
         prompts, cache, res = _prompts(w, 9000 + 100 * i), {}, {}
-        for arm in paired.order(i):
-            r = await run_arm(_facade(fs, arm), arm, plans, prompts, w, label=f"rb{i}.", ideal=arm == "ideal")
-            res[arm] = Trial(r, await judge_finals(r, oracle, cache))
+        try:
+            for arm in paired.order(i):
+                await _slices_for(fs, arm)
+                r = await run_arm(_facade(fs, arm), arm, plans, prompts, w, label=f"rb{i}.", ideal=arm == "ideal")
+                res[arm] = Trial(r, await judge_finals(r, oracle, cache))
+        finally:
+            await _slices_for(fs, "retire")
         paired.add(i, res)
 
     benchmark.pedantic(lambda i: runner.run(one_round(i), timeout=1800), setup=paired.setup, rounds=rounds,
@@ -101,7 +118,7 @@ def test_bench_replay_recorded_burst(benchmark, facades, runner, shape):
                             f"{w.decode_tokens}-token decode, consumer {w.consumer_delay_s * 1e3:g} ms/frame"),
                "model": shape, "trace": TRACE.name, "time_scale": w.time_scale, **paired.admission()})
     m = lambda key: (lambda t: t.m[key])
-    for a in ARMS:
+    for a in arms:
         obs = paired.values(a, m("obsolete_tokens_published"), admitted_only=False)
         ei[f"obsolete_tokens_published[{a}]"] = {"total": sum(obs), "per_trial": obs, **summary(obs)}
         ei[f"final_versions_advanced[{a}]"] = [f"{t.m['final_versions_advanced']}/{t.m['final_versions_total']}"
@@ -119,10 +136,19 @@ def test_bench_replay_recorded_burst(benchmark, facades, runner, shape):
     ei["goodput_ratio[retire/best-native]"] = summary(best)
     ei["final_goodput_ratio[retire/ideal]"] = summary(paired.ratios("retire", "ideal", m("final_goodput_tok_s")))
     last = paired.rounds[-1]
-    ei["timeline"] = {a: last[a].res.timeline() for a in ARMS}
+    ei["timeline"] = {a: last[a].res.timeline() for a in arms}
     ei["timeline_round"] = "last admitted round; t = wall seconds of the compressed replay"
     ei["verdicts"] = sorted({r.verdict for t in paired.rounds for tr in t.values() for r in tr.res.finals})
     retire_cleanup = statistics.median(paired.values("retire", m("cleanup_latency_s_median")))
+    if "retire-fine" in arms:  # the finer safe points, paired against the default ones in the same rounds
+        ei["slices[retire-fine]"] = {"min_tokens": FINE[0], "tokens_per_slice": FINE[1],
+                                     "default": {"min_tokens": DEFAULT_SLICES[0], "tokens_per_slice": DEFAULT_SLICES[1]}}
+        ei["cleanup_ratio[retire/retire-fine]"] = summary(paired.ratios("retire", "retire-fine",
+                                                                        m("cleanup_latency_s_median")))
+        ei["goodput_ratio[retire-fine/retire]"] = summary(paired.ratios("retire-fine", "retire", m("goodput_tok_s")))
+        assert sum(ei["obsolete_tokens_published[retire-fine]"]["per_trial"]) == 0
+        assert all(t["retire-fine"].m["final_versions_advanced"] == t["retire-fine"].m["final_versions_total"]
+                   for t in paired.rounds)
     ei["targets"] = {
         "retire publishes 0 obsolete tokens": sum(ei["obsolete_tokens_published[retire]"]["per_trial"]) == 0,
         "retire advances every final version": all(t["retire"].m["final_versions_advanced"]

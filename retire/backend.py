@@ -42,6 +42,10 @@ class Backend:
             raise UnsupportedContract(f"pipeline_parallel_size={pp}: {PP_REFUSED}")
         self.fe = adapter.frontend()  # refuses an unsupported vLLM version by name, before anything starts
         self.safe_point_min_tokens = int(engine_kwargs.pop("safe_point_min_tokens", 1024))
+        # finer safe points (attention query slices, MLP row slices) from this step size, this many tokens per slice;
+        # None keeps the worker's defaults (8192 and 1024: retire/safepoints.py, retire/slicing.py)
+        self.slice_min_tokens = engine_kwargs.pop("safe_point_slice_min_tokens", None)
+        self.slice_rows = engine_kwargs.pop("safe_point_slice_rows", None)
         self.mailbox = Mailbox(create_path())
         os.environ[ENV] = self.mailbox.path  # inherited by EngineCore and its workers, spawned below
         # several worker ranks: each acknowledges every step in its own slot (FENCE needs every rank's receipt)
@@ -69,6 +73,8 @@ class Backend:
     async def ensure_safe_points(self) -> dict:
         if self.safe_points is None:
             infos = await self.worker("retire_install_safe_points", self.safe_point_min_tokens, self.block_size)
+            if self.slice_min_tokens is not None or self.slice_rows is not None:
+                await self.worker("retire_slicing", None, self.slice_min_tokens, self.slice_rows)
             self.safe_points = {"active": all(i.get("active") for i in infos), "workers": infos}
         return self.safe_points
 

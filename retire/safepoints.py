@@ -7,7 +7,8 @@ Invariants:
   one integer comparison and run the layers on PyTorch's hook-free call path.
 - Safe points of an armed step: the start of every decoder layer and of its MLP, and, in a step of at least
   `slice_min_tokens` tokens on a kernel whose split is bit-identical (retire/slicing.py), between the query slices of
-  every layer's attention. At each one the worker reads the revocation mailbox.
+  every layer's attention and between the row slices of every layer's MLP (retire/mlp_split.py, on a kernel whose
+  row split is bit-identical). At each one the worker reads the revocation mailbox.
 - A step holding a revoked request is cut only when the cost model (`decide`) predicts the successor's first token
   earlier by cutting, counting the work every OTHER request of the step loses: the whole chunk of each innocent is
   recomputed in the next step (`innocent_tokens`). So a mixed step is cut when its obsolete remainder outweighs the
@@ -87,6 +88,7 @@ class SafePoints:
         self.hooks = [self._hook(i) for i in range(len(self.layers))]
         self.mlp_hooks = [self._mlp_hook(i) for i in range(len(self.layers))]
         self.slicer = None
+        self.splitter = None
         self.slice_min_tokens = int(slice_min_tokens)
         self.armed = None
         self.installed = False
@@ -99,7 +101,9 @@ class SafePoints:
                         "unreliably); FENCE falls back to the step boundary")
             return False
         from .slicing import AttentionSlicer
+        from .mlp_split import MlpSplitter
         self.slicer = AttentionSlicer(self.worker, self.layers, min_tokens=self.slice_min_tokens)
+        self.splitter = MlpSplitter(self.worker, self.mlps, min_tokens=self.slice_min_tokens)
         if wrapper is None:
             from .worker_step import StepWrapper
             wrapper = StepWrapper.of(self.worker)
@@ -117,7 +121,9 @@ class SafePoints:
         handles = [layer.register_forward_pre_hook(h) for layer, h in zip(self.layers, self.hooks)]
         handles += [m.register_forward_pre_hook(h) for m, h in zip(self.mlps, self.mlp_hooks) if m is not None]
         sliced = self.slicer is not None and self.slicer.active(total)
+        split = self.splitter is not None and self.splitter.active(total)
         undo = self.slicer.arm(self._slice_point) if sliced else []
+        split_undo = self.splitter.arm(self._mlp_slice_point) if split else []
         self.armed["sliced"] = sliced
         try:
             out = orig(so, *args, **kwargs)
@@ -131,6 +137,8 @@ class SafePoints:
                 h.remove()
             if sliced:
                 self.slicer.disarm(undo)
+            if split:
+                self.splitter.disarm(split_undo)
             self.armed = None
 
     # ------------------------------------------------------------------ safe points
@@ -159,6 +167,11 @@ class SafePoints:
         a = self.armed
         if not a["decided"]:
             self._point(a, i, fraction, f"attention slice {fraction:.3f}")
+
+    def _mlp_slice_point(self, i: int, fraction: float) -> None:
+        a = self.armed
+        if not a["decided"]:
+            self._point(a, i, None, f"mlp slice {fraction:.3f}")
 
     def _point(self, a: dict, i: int, within: float | None, where: str) -> None:
         self.mb.bump("checks")

@@ -206,16 +206,31 @@ def selfcheck(wk, info: dict, dtype, tile: int, n_slices: int = 8, seed: int = 0
 
 
 # ---------------------------------------------------------------------- worker RPCs (retire/worker_ext.py)
-def control(worker, enabled: bool | None = None) -> dict:
-    """Switch slicing on/off in this worker (test: the unsliced reference run) and report its verdict."""
+def control(worker, enabled: bool | None = None, *, min_tokens: int | None = None, rows: int | None = None) -> dict:
+    """Switch slicing (attention query slices and MLP row slices) on/off in this worker (test: the unsliced reference
+    run), optionally set the step size from which they run (`min_tokens`) and the tokens per slice (`rows`), and
+    report both verdicts."""
     sp = getattr(getattr(worker, "_retire_step", None), "safe_points", None)
-    sl = getattr(sp, "slicer", None)
+    sl, mlp = getattr(sp, "slicer", None), getattr(sp, "splitter", None)
     if sl is None:
         return {"installed": False}
-    if enabled is not None:
-        sl.enabled = bool(enabled)
-    return {"installed": True, "enabled": sl.enabled, "sliced_calls": sl.sliced_calls,
-            "min_tokens": sl.min_tokens, "verdict": sl.verdict}
+    for part in (sl, mlp):
+        if part is None:
+            continue
+        if enabled is not None:
+            part.enabled = bool(enabled)
+        if min_tokens is not None:
+            part.min_tokens = int(min_tokens)
+    if rows is not None:
+        sl.slice_tokens = int(rows)
+        if mlp is not None:
+            mlp.rows = int(rows)
+    out = {"installed": True, "enabled": sl.enabled, "sliced_calls": sl.sliced_calls,
+           "min_tokens": sl.min_tokens, "slice_tokens": sl.slice_tokens, "verdict": sl.verdict}
+    if mlp is not None:
+        out["mlp"] = {"enabled": mlp.enabled, "split_calls": mlp.split_calls, "min_tokens": mlp.min_tokens,
+                      "rows": mlp.rows, "verdict": mlp.verdict}
+    return out
 
 
 def logits_probe(worker, on: bool) -> list[str]:

@@ -130,10 +130,12 @@ class RetireWorkerExtension:
                 "reason": None if sp.installed else "compiled mode: step-boundary FENCE",
                 "slicing": sp.slicer.verdict if sp.slicer is not None else None}
 
-    def retire_slicing(self, enabled: bool | None = None) -> dict:
-        """Sliced attention (retire/slicing.py): switch it on/off (the unsliced reference run) and report."""
+    def retire_slicing(self, enabled: bool | None = None, min_tokens: int | None = None,
+                       rows: int | None = None) -> dict:
+        """Sliced attention and row-split MLP (retire/slicing.py, retire/mlp_split.py): switch them on/off (the
+        unsliced reference run), set the step size they start at and the tokens per slice, and report."""
         from .slicing import control
-        return control(self, enabled)
+        return control(self, enabled, min_tokens=min_tokens, rows=rows)
 
     def retire_logits_probe(self, on: bool) -> list[str]:
         """Test probe: record a digest of every logits tensor (on); stop and return the digests (off)."""

@@ -133,6 +133,9 @@ SEAMS = (
     seam("vllm.v1.worker.gpu_model_runner:GPUModelRunner.kv_caches"),
     seam("vllm.v1.worker.gpu_model_runner:GPUModelRunner.model", guarantees=SAFE_POINTS,
          note="decoder layers model.model.layers get the safe-point hooks"),
+    seam("vllm.v1.worker.gpu_model_runner:GPUModelRunner.model_config", guarantees=SAFE_POINTS,
+         note="the MLP's input width for the row-split self-check (retire/mlp_split.py)"),
+    seam("vllm.config.model:ModelConfig.get_hidden_size", "method", [], guarantees=SAFE_POINTS),
     seam("vllm.config.compilation:CompilationConfig.mode", guarantees=SAFE_POINTS),
     seam("vllm.config.compilation:CompilationMode", "class", guarantees=SAFE_POINTS),
     # sliced attention (retire/slicing.py): the step's CPU_ATTN kernel work items run as query slices

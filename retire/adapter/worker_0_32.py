@@ -126,6 +126,23 @@ def mlp_module(layer):
     return getattr(layer, "mlp", None)
 
 
+def hidden_size(worker) -> int:
+    """The width of the decoder's residual stream (the MLP's input rows)."""
+    return int(runner(worker).model_config.get_hidden_size())
+
+
+def wrap_forward(module, fn: Callable[..., Any]) -> Callable[[], None]:
+    """Route `module(x, ...)` through `fn(orig, x, ...)` (an instance `forward`, which torch's `Module.__call__`
+    reads); returns the undo."""
+    orig = module.forward
+
+    def forward(*args, **kwargs):
+        return fn(orig, *args, **kwargs)
+
+    module.forward = forward
+    return lambda: module.__dict__.pop("forward", None)
+
+
 def wrap_attention(attn, fn: Callable[..., Any]) -> Callable[[], None]:
     """Route `attn.impl.forward(layer, q, k, v, kv_cache, md, output=...)` through `fn(orig, ...)` (instance attribute,
     vLLM calls `self.impl.forward`); returns the undo."""

@@ -1,0 +1,89 @@
+"""Safe points inside the MLP of long prefill steps (worker side): one step's MLP runs as row slices.
+
+Invariants:
+- The MLP is position-wise: row i of its output is a function of row i of its input alone. Splitting the rows
+  changes only the M of its GEMMs, and whether that stays bit-identical is the kernel's business (oneDNN's prepacked
+  matmul, the sgl kernel, torch's linear). So the install-time self-check (`selfcheck`) runs this model's own first
+  MLP module on random rows of its input width, whole and in row slices, and splitting is enabled only if the two are
+  `torch.equal`; otherwise `verdict` carries the largest difference and every MLP runs whole (its safe point stays
+  the one before it).
+- Splitting runs only inside an armed step of at least `min_tokens` scheduled tokens, and only for an input of at
+  least two slices. Slices are contiguous row ranges of `rows` rows, run in order, and concatenated: the MLP's output
+  has the unsplit shape and (by the self-check) its values. Between two slices the worker calls `check(layer,
+  fraction of the layer's MLP done)`: a safe point, which may cut the step by raising (retire/safepoints.py).
+- Nothing is left installed after the step (`disarm`); `enabled = False` runs the unsplit reference.
+"""
+from __future__ import annotations
+
+import logging
+
+from . import adapter
+
+log = logging.getLogger("retire.mlp_split")
+
+
+class MlpSplitter:
+    def __init__(self, worker, mlps: list, *, min_tokens: int = 8192, rows: int = 1024):
+        self.wk = adapter.worker()
+        self.mlps = list(mlps)
+        self.min_tokens, self.rows = int(min_tokens), int(rows)
+        self.enabled = True              # test switch: False runs the unsplit reference
+        self.check = None                # safe point between slices: check(layer, fraction)
+        self.split_calls = 0
+        self.verdict = self._verdict(worker)
+
+    def _verdict(self, worker) -> dict:
+        mods = [m for m in self.mlps if m is not None]
+        if len(mods) != len(self.mlps) or not mods:
+            return {"exact": False, "reason": "a decoder layer has no `mlp` module: MLP safe points only"}
+        import torch
+        dtype = next(self.wk.runner(worker).model.parameters()).dtype
+        v = selfcheck(mods[0], self.wk.hidden_size(worker), dtype, self.rows)
+        if not v["exact"]:
+            log.warning("retire: row-split MLP is not bit-identical on this kernel (%s); the MLP runs whole",
+                        v.get("reason"))
+        return dict(v, dtype=str(dtype), threads=torch.get_num_threads())
+
+    def active(self, total_tokens: int) -> bool:
+        return self.enabled and self.verdict.get("exact", False) and total_tokens >= self.min_tokens
+
+    def arm(self, check) -> list:
+        self.check = check
+        return [self.wk.wrap_forward(m, self._forward_for(i)) for i, m in enumerate(self.mlps)]
+
+    def disarm(self, undo: list) -> None:
+        for u in undo:
+            u()
+        self.check = None
+
+    def _forward_for(self, layer_idx: int):
+        def forward(orig, x, *args, **kwargs):
+            n = int(x.shape[0])
+            if args or kwargs or x.dim() != 2 or n < 2 * self.rows:
+                return orig(x, *args, **kwargs)
+            import torch
+            outs = []
+            for lo in range(0, n, self.rows):
+                if lo:
+                    self.check(layer_idx, lo / n)
+                outs.append(orig(x[lo:lo + self.rows]))
+            self.split_calls += 1
+            return torch.cat(outs)
+        return forward
+
+
+def selfcheck(mlp, hidden: int, dtype, rows: int, n_slices: int = 4, seed: int = 0) -> dict:
+    """Run `mlp` whole and in row slices of `rows` rows (`n_slices` of them, the last one short) on the same random
+    input; `exact` iff every output element is equal. Reports the largest difference otherwise."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    n = rows * n_slices - rows // 3
+    x = torch.randn(n, hidden, generator=g).to(dtype)
+    with torch.inference_mode():
+        full = mlp(x)
+        split = torch.cat([mlp(x[lo:lo + rows]) for lo in range(0, n, rows)])
+    exact = bool(full.shape == split.shape and torch.equal(full, split))
+    diff = float("inf") if full.shape != split.shape else (full.float() - split.float()).abs().max().item()
+    return {"exact": exact, "rows": rows, "slices": -(-n // rows), "max_abs_diff": 0.0 if exact else diff,
+            "reason": None if exact else f"row-split MLP differs from the whole one by up to {diff:g}"}
