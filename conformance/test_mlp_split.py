@@ -113,6 +113,13 @@ def test_negative_control_an_inexact_split_is_never_armed():
     assert not sp.active(10 ** 6)
 
 
+def test_every_mlp_class_is_self_checked_not_only_the_first_layer():
+    sp = _splitter([GatedMlp(), GatedMlp(seed=3), NotPositionWise()], min_tokens=1, rows=32)
+    assert not sp.verdict["exact"] and sp.verdict["module"] == "NotPositionWise" and not sp.active(10 ** 6)
+    ok = _splitter([GatedMlp(), GatedMlp(seed=3)], min_tokens=1, rows=32)
+    assert ok.verdict["exact"] and ok.verdict["module"] == "GatedMlp"
+
+
 def test_a_layer_without_an_mlp_module_disables_the_split():
     sp = MlpSplitter(_worker([GatedMlp()]), [GatedMlp(), None], min_tokens=1, rows=32)
     assert not sp.verdict["exact"] and "no `mlp` module" in sp.verdict["reason"] and not sp.active(10 ** 6)

@@ -3,9 +3,9 @@
 Invariants:
 - The MLP is position-wise: row i of its output is a function of row i of its input alone. Splitting the rows
   changes only the M of its GEMMs, and whether that stays bit-identical is the kernel's business (oneDNN's prepacked
-  matmul, the sgl kernel, torch's linear). So the install-time self-check (`selfcheck`) runs this model's own first
-  MLP module on random rows of its input width, whole and in row slices, and splitting is enabled only if the two are
-  `torch.equal`; otherwise `verdict` carries the largest difference and every MLP runs whole (its safe point stays
+  matmul, the sgl kernel, torch's linear). So the install-time self-check (`selfcheck`) runs this model's own MLP
+  modules (the first of each class) on random rows of their input width, whole and in row slices, and splitting is
+  enabled only if every one is `torch.equal`; otherwise `verdict` carries the largest difference and every MLP runs whole (its safe point stays
   the one before it).
 - Splitting runs only inside an armed step of at least `min_tokens` scheduled tokens, and only for an input of at
   least two slices. Slices are contiguous row ranges of `rows` rows, run in order, and concatenated: the MLP's output
@@ -38,7 +38,15 @@ class MlpSplitter:
             return {"exact": False, "reason": "a decoder layer has no `mlp` module: MLP safe points only"}
         import torch
         dtype = next(self.wk.runner(worker).model.parameters()).dtype
-        v = selfcheck(mods[0], self.wk.hidden_size(worker), dtype, self.rows)
+        hidden = self.wk.hidden_size(worker)
+        first = {}
+        for m in mods:  # one check per MLP class (a model may mix dense and expert layers)
+            first.setdefault(type(m), m)
+        v = {"exact": True}
+        for m in first.values():
+            v = dict(selfcheck(m, hidden, dtype, self.rows), module=type(m).__name__)
+            if not v["exact"]:
+                break
         if not v["exact"]:
             log.warning("retire: row-split MLP is not bit-identical on this kernel (%s); the MLP runs whole",
                         v.get("reason"))
