@@ -116,3 +116,14 @@ def test_negative_control_an_untrusted_hash_proves_nothing(monkeypatch):
     monkeypatch.setattr(core.port, "hash_block", None)
     seen, res, want = _revision_case(core, monkeypatch, 20 * BS + 7)
     assert seen == [0] and res.inherited_tokens == want == 20 * BS
+
+
+def test_certify_length_takes_the_known_prefix_as_proved_and_compares_from_it():
+    from retire.align import certify_length
+
+    # the first two tokens differ, but the caller proved them equal (its hashes): the LCP runs from there
+    a = certify_length(old_tokens=[9, 9, 3, 4, 5], new_prompt=[1, 1, 3, 4, 6, 7], frontier=10, align=1, known=2)
+    assert a.lcp == 4 and a.certified == 4
+    # without a proof nothing is assumed: a first token that differs is an LCP of 0
+    b = certify_length(old_tokens=[5, 1, 2], new_prompt=[6, 1, 2, 3], frontier=10, align=1)
+    assert b.lcp == 0 and b.certified == 0
