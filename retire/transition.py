@@ -181,9 +181,11 @@ class TransitionCore:
         return out, None
 
     # ------------------------------------------------------------------ PIN / RESUME
-    def _pin(self, tag: RequestTag, plan: Plan, hook: dict) -> tuple[list[int], list[list[int]]]:
-        flat = [b for g in plan.per_group for b in g if b != self.port.null_block_id]
-        gens = [list(self.gens.of(g)) for g in plan.per_group]
+    def _pin(self, tag: RequestTag, plan: Plan, hook: dict) -> tuple[list[int], list[tuple[int, ...]]]:
+        null, flat = self.port.null_block_id, []
+        for g in plan.per_group:  # C-level unless a sliding-window group holds null placeholders
+            flat.extend(g if null not in g else [b for b in g if b != null])
+        gens = [self.gens.of(g) for g in plan.per_group]
         if flat:
             self.pins.pin(PinKey(tag.key, "handoff"), tag.tenant, flat)
             if hook.get("bump_generation"):  # GenerationRace fault: a certified block is reallocated after ALIGN
@@ -193,7 +195,7 @@ class TransitionCore:
     def _resume(self, handle, tag, plan: Plan, flat, gens, hook: dict, old_id) -> tuple[int, bool, str | None]:
         inherited, dram_held, reason = 0, False, plan.reason
         if flat:
-            if [list(self.gens.of(g)) for g in plan.per_group] != gens:
+            if [self.gens.of(g) for g in plan.per_group] != gens:
                 reason = "generation mismatch: a certified block was reallocated after ALIGN"
             elif tag.supersede.contract.dram_tier:
                 reason = self.dram.hold(tag.key, handle, plan.per_group, plan.tokens)

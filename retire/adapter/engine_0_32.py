@@ -8,6 +8,7 @@ freeing the request that holds it.
 from __future__ import annotations
 
 import time
+from operator import attrgetter
 from typing import Any, Callable, Iterable, Sequence
 
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -16,6 +17,8 @@ from vllm.v1.request import RequestStatus
 from ..port import RequestView
 from .seams import check_live
 from .table_0_32 import SEAMS
+
+_ID = attrgetter("block_id")
 
 
 #: prefix-cache hash algorithms (vLLM's `prefix_caching_hash_algo`) whose equal block hashes ALIGN takes for equal
@@ -76,7 +79,7 @@ class SchedulerPort:
         return int(r.num_computed_tokens) - int(getattr(r, "num_in_flight_tokens", 0) or 0)
 
     def blocks(self, req_id: str) -> list[list[int]]:
-        return [[b.block_id for b in m.req_to_blocks.get(req_id, ())] for m in self.mgrs]
+        return [list(map(_ID, m.req_to_blocks.get(req_id, ()))) for m in self.mgrs]
 
     def group_blocks(self, req_id: str, group: int, lo: int, hi: int) -> list[int]:
         """Block ids at table positions [lo, hi) of one group (placeholders are null_block_id): O(hi - lo)."""
@@ -103,7 +106,7 @@ class SchedulerPort:
 
     # ------------------------------------------------------------------ pins and allocation
     def _blocks(self, ids: Iterable[int]) -> list:
-        return [self.pool.blocks[i] for i in ids]
+        return list(map(self.pool.blocks.__getitem__, ids))
 
     def pin(self, block_ids: Sequence[int]) -> None:
         self.pool.touch(self._blocks(block_ids))
@@ -136,7 +139,8 @@ class SchedulerPort:
         for m, ids in zip(self.mgrs, per_group):
             if not ids:
                 continue
-            blocks = [self.pool.null_block if i == self.null_block_id else self.pool.blocks[i] for i in ids]
+            blocks = (self._blocks(ids) if self.null_block_id not in ids else
+                      [self.pool.null_block if i == self.null_block_id else self.pool.blocks[i] for i in ids])
             self.pool.touch(blocks)
             m.req_to_blocks[rid].extend(blocks)
             m.num_cached_block[rid] = len(blocks)
