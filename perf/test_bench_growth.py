@@ -19,6 +19,9 @@ Real engine:
   against prompt length 1K..32K (32,000 tokens: prompt + decode must fit 32,768), retire vs native-prefix, paired,
   revision after the predecessor's prefill with 90% shared; every successor judged against its oracle; the retire
   transition's engine time against its certified blocks (the real-engine points of the first curve).
+- `test_bench_growth_certified_blocks_engine` (`long-32k`): the engine-side transition at 115, 460 and 900 certified
+  blocks, 11 samples each, from a chain of revisions that rewrite a prompt's last 56 tokens (each successor inherits
+  from a live, decoding predecessor and computes 56 tokens; the chain's last version is oracle-checked).
 
 Each benchmark records `growth_curves` (perf/common.py `curve`: per series the median/min/max per x, the log-log
 growth exponent of the medians, and a complexity statement); `retire report` draws one PNG per curve. No timing is
@@ -307,6 +310,87 @@ def test_bench_growth_live_scopes_engine(benchmark, facades, runner, bench_engin
                                              "target superseded 4 times per N (certifies 480 tokens)",
                                  "growth_curves": [t, m], "verdicts": "every final successor oracle-checked"})
     print(f"\n[growth scopes engine] {t['complexity']}")
+
+
+CHAIN_BLOCKS = (115, 460, 900)
+CHAIN_ROUNDS = int(os.environ.get("RETIRE_CHAIN_ROUNDS", "12"))
+
+
+@pytest.mark.timeout(1800)
+def test_bench_growth_certified_blocks_engine(benchmark, facades, runner):
+    """Real engine (`long-32k`): the engine-side transition at fixed certified-block counts, many samples per point.
+    One chain of revisions per point: a prompt of n blocks + 64 tokens, then CHAIN_ROUNDS SUPERSEDEs that each
+    rewrite its last 56 tokens, each issued once the previous version has produced its first token (its prefill
+    done, still decoding), so every successor inherits n blocks from a live predecessor and computes 56 tokens. The
+    first transition of a chain warms the code paths and is not recorded; the last version is judged against its
+    oracle."""
+    from oracles.runs import collect
+    from retire.barriers import wait_engine
+    from retire.trials import Judge
+
+    fs, oracle = facades("long-32k", "retire")
+    eng = fs["retire"]
+    judge = Judge(oracle)
+    sp_old = SamplingParams(max_tokens=2000, **GREEDY)
+    sp_last = SamplingParams(max_tokens=4, logprobs=5, **GREEDY)
+    series: dict[str, list] = {}
+    inherited: dict[int, list[int]] = {}
+    rejected: list[str] = []
+
+    async def chain(n: int) -> dict[str, list[float]]:
+        base, scope, ys = repo_prompt(n * BLOCK + 64, n), f"chain{n}", {}
+        await eng.submit(scope, base, sp_old)
+        await wait_engine(eng, scope, out_tokens=1, epoch=0)
+        olds = [asyncio_task(collect(eng, scope, 0))]
+        for e in range(1, CHAIN_ROUNDS + 1):
+            revised = revise(base, n * BLOCK + 8, n * BLOCK + 64, e)
+            last = e == CHAIN_ROUNDS
+            tr = await eng.supersede(scope, e - 1, revised, sp_last if last else sp_old)
+            if not last:
+                olds.append(asyncio_task(collect(eng, scope, e)))
+                await wait_engine(eng, scope, out_tokens=1, epoch=e)
+            inherited.setdefault(n, []).append(int(tr.inherited_tokens or 0) // BLOCK)
+            if e > 1:
+                ys.setdefault("engine transition (engine clock)", []).append(tr.timings["engine_total"])
+                for st in STAGES:
+                    ys.setdefault(f"stage {st}", []).append(tr.timings[st])
+        new = await collect(eng, scope, CHAIN_ROUNDS)
+        for t in olds:
+            await t
+        ok, verdict = await judge.check("retire", revised, sp_last, new, tr.inherited_tokens)
+        if not ok:
+            rejected.append(f"n={n}: {verdict}")
+        return ys
+
+    def sweep():
+        for n in CHAIN_BLOCKS:
+            for k, v in runner.run(chain(n)).items():
+                series.setdefault(k, []).append((n, v))
+            print(f"\n[growth chain] {n} blocks: engine total median "
+                  f"{statistics.median(dict(series['engine transition (engine clock)'])[n]) * 1e3:.3f} ms", flush=True)
+
+    benchmark.pedantic(sweep, rounds=1, iterations=1)
+    assert not rejected, rejected
+    assert all(min(v) >= n for n, v in inherited.items()), inherited  # every successor inherited its n blocks
+    main = series["engine transition (engine clock)"]
+    top = CHAIN_BLOCKS[-1]
+    c = curve(series, name="transition_vs_certified_blocks_engine_chain", x_label="certified blocks (real engine)",
+              y_label="engine-side transition time (s)", complexity="")
+    ex = c["fit"]["engine transition (engine clock)"]["exponent"]
+    split = {st: round(statistics.median(dict(series[f"stage {st}"])[top]) * 1e3, 3) for st in STAGES}
+    slope = (statistics.median(dict(main)[top]) - statistics.median(dict(main)[CHAIN_BLOCKS[0]])) / (
+        top - CHAIN_BLOCKS[0]) * 1e6
+    c["complexity"] = (f"real engine, long model, {CHAIN_ROUNDS - 1} transitions per point: {order(ex, 'certified blocks')}, "
+                       f"growth exponent {ex}; at {top} blocks {_ms_per_1000(main, top)} ms per 1,000 blocks (target "
+                       f"<= 1), slope {slope:.3f} ms per 1,000 blocks between {CHAIN_BLOCKS[0]} and {top}; stages (ms) "
+                       f"{split}")
+    benchmark.extra_info.update({
+        "scenario": "long-32k engine: chained revisions rewriting the last 56 tokens, each after the previous "
+                    "version's first token; the last version of each chain oracle-checked",
+        "rounds_per_point": CHAIN_ROUNDS - 1, "inherited_blocks": {str(k): v for k, v in inherited.items()},
+        f"ms_per_1000_blocks_at_{top}": _ms_per_1000(main, top), "slope_ms_per_1000_blocks": round(slope, 4),
+        "growth_curves": [c]})
+    print(f"\n[growth chain] {c['complexity']}")
 
 
 def asyncio_task(coro):
