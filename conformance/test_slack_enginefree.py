@@ -14,7 +14,8 @@ and by the successor's block table as vLLM holds it. Checked:
 - the refcount audit balances after every path (ref_cnt == table references + pins), drained: every block free.
 
 Negative controls: slack off goes cold with the "sliding window" reason where slack on inherits; a slack that
-forgets its pins without giving the references back is reported by the audit.
+forgets its pins without giving the references back is reported by the audit; a slack that misses a preemption keeps
+blocks vLLM has since replaced.
 """
 from __future__ import annotations
 
@@ -34,8 +35,9 @@ def first_needed(n: int) -> int:
 
 
 class Recorder:
-    """Which block vLLM placed at each sliding-table position of each request (first sighting; read from vLLM's
-    tables after every step, i.e. before the next schedule() drops anything)."""
+    """Which block vLLM placed last at each sliding-table position of each request (read from vLLM's tables after
+    every step, i.e. before the next schedule() drops anything; a preempted request that recomputes gets new blocks
+    at positions it had filled before, and the last one is the block its slack may keep)."""
 
     def __init__(self, core: EngineFreeCore):
         self.core = core
@@ -53,14 +55,15 @@ class Recorder:
             pos = self.seen.setdefault(rid, {})
             for i, b in enumerate(port.blocks(rid)[self.g]):
                 if b != port.null_block_id:
-                    pos.setdefault(i, b)
+                    pos[i] = b
 
     def table(self, rid: str) -> list[int]:
         return self.core.port.blocks(rid)[self.g]
 
 
 def _core(**kw) -> tuple[EngineFreeCore, Recorder]:
-    core = EngineFreeCore(num_blocks=kw.pop("num_blocks", 256), sliding_window=W, max_model_len=4096, **kw)
+    core = EngineFreeCore(num_blocks=kw.pop("num_blocks", 256), sliding_window=W,
+                          max_model_len=kw.pop("max_model_len", 4096), **kw)
     return core, Recorder(core)
 
 
@@ -278,3 +281,57 @@ def test_the_preemption_vllm_reports_reaches_the_slack_through_the_scheduler():
     assert core.port.frontier(old) == 0, "inconclusive: vLLM scheduled the preempted version again"
     assert not _extra_refs(core), _extra_refs(core)
     assert core.audit()["valid"]
+
+
+def _preempted_and_regrown(core, rec) -> tuple[int, int, list[str]]:
+    """Two requests that outgrow 48 blocks: vLLM preempts the later one (`a`, with a slack) again and again; each time
+    it recomputes into new blocks and its slack grows again behind its new frontier. Returns (preemptions, kept
+    blocks that differ from the first block vLLM placed at their position, kept blocks that are not the last one)."""
+    core.submit("t", "b", tokens(300, 1), max_tokens=600)
+    a = core.submit("t", "a", tokens(300, 2), max_tokens=600, contract=SLACK)
+    first: dict[int, int] = {}
+    preempted = renewed = 0
+    wrong: list[str] = []
+    peak = 0
+    while core.step() is not None:
+        rec.observe()
+        if not core.port.live(a):
+            continue
+        f = core.port.frontier(a)
+        preempted, peak = preempted + (f < peak), f
+        for i, b in rec.seen[a].items():
+            first.setdefault(i, b)
+        k = core.s.retire.slack.kept.get(a)
+        for i, b in (k.blocks[rec.g].items() if k else ()):
+            renewed += b != first[i]
+            if b != rec.seen[a].get(i):
+                wrong.append(f"position {i} keeps block {b}, vLLM placed {rec.seen[a].get(i)} there last")
+    return preempted, renewed, wrong
+
+
+def test_a_preempted_version_regrows_its_slack_from_the_blocks_of_its_recomputation():
+    """After a preemption the version recomputes into new blocks; the slack it grows again keeps those, the last
+    block vLLM placed at each position, never the one it placed there before the preemption (the slack state
+    machine's oracle once compared with the first sighting and reported the product's correct behaviour, rarely).
+    Negative control: a slack that misses the frontier drop keeps the blocks of the first computation."""
+    core, rec = _core(num_blocks=48, max_model_len=2048)
+    baseline = core.port.free_block_count()
+    preempted, renewed, wrong = _preempted_and_regrown(core, rec)
+    assert preempted >= 1 and renewed > 0, f"inconclusive: {preempted} preemptions, {renewed} renewed kept blocks"
+    assert not wrong, wrong[:5]
+    assert core.audit()["valid"]
+    assert core.port.free_block_count() == baseline
+
+
+def test_negative_control_a_slack_that_misses_the_preemption_keeps_replaced_blocks(monkeypatch):
+    from retire.slack import Slack
+    real = Slack._update
+
+    def blind(self, rid, k):  # never sees the frontier move back
+        k.frontier = min(k.frontier, self.port.frontier(rid))
+        real(self, rid, k)
+
+    monkeypatch.setattr(Slack, "_update", blind)
+    core, rec = _core(num_blocks=48, max_model_len=2048)
+    _, _, wrong = _preempted_and_regrown(core, rec)
+    assert wrong, "a slack blind to preemption kept only the blocks vLLM placed last"
