@@ -124,7 +124,7 @@ class SafePoints:
         split = self.splitter is not None and self.splitter.active(total)
         undo = self.slicer.arm(self._slice_point) if sliced else []
         split_undo = self.splitter.arm(self._mlp_slice_point) if split else []
-        self.armed["sliced"] = sliced
+        self.armed["sliced"], self.armed["split"] = sliced, split
         try:
             out = orig(so, *args, **kwargs)
             self.last_cost = self._elapsed(self.armed) / total
@@ -205,7 +205,7 @@ class SafePoints:
                    progress=self._progress(a, i, within), step_tokens=a["total"],
                    innocent_tokens=sum(ids[r][1] for r in innocents), per_token_cost=self.last_cost)
         a["decided"] = True
-        d.update(layer=i, at=where, sliced=a["sliced"], req_ids=hit, innocents=len(innocents),
+        d.update(layer=i, at=where, sliced=a["sliced"], split=a["split"], req_ids=hit, innocents=len(innocents),
                  path="safe-point" if d["cut"] else ("step-boundary:mixed" if innocents else "finish-step"))
         self._log(d)
         if d["cut"]:

@@ -146,14 +146,7 @@ def wrap_forward(module, fn: Callable[..., Any]) -> Callable[[], None]:
 def wrap_attention(attn, fn: Callable[..., Any]) -> Callable[[], None]:
     """Route `attn.impl.forward(layer, q, k, v, kv_cache, md, output=...)` through `fn(orig, ...)` (instance attribute,
     vLLM calls `self.impl.forward`); returns the undo."""
-    impl = attn.impl
-    orig = impl.forward
-
-    def forward(*args, **kwargs):
-        return fn(orig, *args, **kwargs)
-
-    impl.forward = forward
-    return lambda: impl.__dict__.pop("forward", None)
+    return wrap_forward(attn.impl, fn)
 
 
 def observe_logits(worker, fn: Callable[[Any], None]) -> Callable[[], None]:
