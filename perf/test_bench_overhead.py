@@ -84,54 +84,111 @@ async def _set_min_tokens(eng, n: int) -> None:
     assert all(i["active"] for i in infos), infos
 
 
-@pytest.mark.parametrize("prompt_len", [1024, 4096])
-def test_bench_armed_guards_cost(benchmark, facades, pool, prompt_len):
-    fs, oracle = facades("long", "retire")
-    eng = fs["retire"]
-    run = pool.runner.run
-    arms = ("armed", "unarmed")
-    paired = Paired(arms)
+def _paired_settings(benchmark, eng, oracle, run, prompt_len: int, settings: dict, count, seed: int) -> Paired:
+    """Paired rounds of ONE retire engine under two settings: per round one fresh prompt, each arm (order
+    alternating) applies its setting (`await settings[arm]()`) and runs it alone; every trial must equal the stock
+    oracle's clean run exactly (same execution shape); `await count()` before and after gives the trial's `checks`
+    (safe points reached, slices run: the structural proof that the setting took effect)."""
+    paired = Paired(tuple(settings))
     refs: dict = {}
 
     async def one(arm: str, prompt, tag: str) -> Timed:
-        await _set_min_tokens(eng, 1024 if arm == "armed" else UNARMED)
-        checks0 = eng.backend.mailbox.count("checks")
+        await settings[arm]()
+        c0 = await count()
         t = await _retire_batch(eng, [prompt], tag)
-        t.checks = eng.backend.mailbox.count("checks") - checks0
+        t.checks = await count() - c0
         v = compare_tokens(subject=t.runs[0], oracle=refs[tuple(prompt)], subject_name=f"retire ({arm})",
                            oracle_name="stock clean_run")
         t.ok, t.verdict = bool(v), v.detail
         return t
 
     async def pair(i: int, record: bool = True):
-        prompt = repo_prompt(prompt_len, seed=3000 + prompt_len + i)
+        prompt = repo_prompt(prompt_len, seed=seed + prompt_len + i)
         refs[tuple(prompt)] = await oracle.clean_run(prompt, SP)
-        res = {a: await one(a, prompt, f"g{prompt_len}-{i}-{a}") for a in paired.order(i)}
+        res = {a: await one(a, prompt, f"g{seed}-{prompt_len}-{i}-{a}") for a in paired.order(i)}
         if record:
             paired.add(i, res)
 
-    try:
-        run(pair(-1, record=False))  # untimed warm-up pair
-        benchmark.pedantic(lambda i: run(pair(i)), setup=paired.setup, rounds=PAIRS, iterations=1)
-    finally:
-        run(_set_min_tokens(eng, eng.backend.safe_point_min_tokens))
+    run(pair(-1, record=False))  # untimed warm-up pair
+    benchmark.pedantic(lambda i: run(pair(i)), setup=paired.setup, rounds=PAIRS, iterations=1)
     assert paired.rounds, paired.admission()
+    return paired
+
+
+def _cost_info(paired: Paired, subject: str, reference: str) -> dict:
+    total, first = (lambda t: t.total), (lambda t: t.first)
+    decode = lambda t: t.total - t.first if t.first is not None else None
+    arms = (subject, reference)
+    return {**paired.admission(),
+            **{f"request_latency_s[{a}]": summary(paired.values(a, total)) for a in arms},
+            **{f"ttft_s[{a}]": summary(paired.values(a, first)) for a in arms},
+            f"cost_ratio_total[{subject}/{reference}]": _ratio_info(paired.ratios(subject, reference, total)),
+            f"cost_ratio_ttft[{subject}/{reference}]": _ratio_info(paired.ratios(subject, reference, first)),
+            f"cost_ratio_decode[{subject}/{reference}]": _ratio_info(paired.ratios(subject, reference, decode))}
+
+
+@pytest.mark.parametrize("prompt_len", [1024, 4096])
+def test_bench_armed_guards_cost(benchmark, facades, pool, prompt_len):
+    fs, oracle = facades("long", "retire")
+    eng = fs["retire"]
+
+    async def checks() -> int:
+        return eng.backend.mailbox.count("checks")
+
+    settings = {"armed": lambda: _set_min_tokens(eng, 1024), "unarmed": lambda: _set_min_tokens(eng, UNARMED)}
+    try:
+        paired = _paired_settings(benchmark, eng, oracle, pool.runner.run, prompt_len, settings, checks, 3000)
+    finally:
+        pool.runner.run(_set_min_tokens(eng, eng.backend.safe_point_min_tokens))
     # structural: the armed arm really checked at safe points, the unarmed arm never did
     assert all(r["armed"].checks > 0 and r["unarmed"].checks == 0 for r in paired.rounds), \
         [(r["armed"].checks, r["unarmed"].checks) for r in paired.rounds]
-    total, first = (lambda t: t.total), (lambda t: t.first)
-    decode = lambda t: t.total - t.first if t.first is not None else None
     benchmark.extra_info.update({
         "paper_metric": "no-revision cost of armed safe points", "model": "long",
-        "workload": f"{prompt_len}-token prefill + 128-token decode, concurrency 1", **paired.admission(),
+        "workload": f"{prompt_len}-token prefill + 128-token decode, concurrency 1",
         "safe_point_checks_per_request[armed]": summary(paired.values("armed", lambda t: t.checks), 0),
-        **{f"request_latency_s[{a}]": summary(paired.values(a, total)) for a in arms},
-        **{f"ttft_s[{a}]": summary(paired.values(a, first)) for a in arms},
-        "cost_ratio_total[armed/unarmed]": _ratio_info(paired.ratios("armed", "unarmed", total)),
-        "cost_ratio_ttft[armed/unarmed]": _ratio_info(paired.ratios("armed", "unarmed", first)),
-        "cost_ratio_decode[armed/unarmed]": _ratio_info(paired.ratios("armed", "unarmed", decode)),
-    })
+        **_cost_info(paired, "armed", "unarmed")})
     print(f"\n[armed guards] {prompt_len}: total ratio {benchmark.extra_info['cost_ratio_total[armed/unarmed]']}")
+
+
+#: the finer safe points of the long replay's `retire-fine` arm (perf/test_bench_replay.py) and the worker's defaults
+FINE_SLICES, DEFAULT_SLICES = (2048, 512), (8192, 1024)
+
+
+@pytest.mark.parametrize("prompt_len", [4096, 8192])
+def test_bench_fine_safe_points_cost(benchmark, facades, pool, prompt_len):
+    """The no-revision cost of safe points inside the attention and the MLP of every armed step from 2048 tokens,
+    512 tokens per slice (`safe_point_slice_min_tokens=2048, safe_point_slice_rows=512`: what the long replay needs
+    for cleanup <= 10 ms) against the defaults (from 8192 tokens, 1024 per slice). The long shape's prefill steps
+    are 2048 tokens, so the default arm runs them unsliced (layer + MLP safe points) and the fine arm in 4 slices per
+    attention and MLP; both arms armed (min_tokens 1024). Sliced is bit-identical, so both are exact against the
+    oracle."""
+    fs, oracle = facades("long", "retire")
+    eng = fs["retire"]
+    slicing = lambda *a: eng.backend.worker("retire_slicing", *a)
+
+    async def slices() -> int:
+        r = (await slicing())[0]
+        return r["sliced_calls"] + r.get("mlp", {}).get("split_calls", 0)
+
+    settings = {"fine": lambda: slicing(True, *FINE_SLICES), "default": lambda: slicing(True, *DEFAULT_SLICES)}
+    run = pool.runner.run
+    run(_set_min_tokens(eng, 1024))
+    try:
+        paired = _paired_settings(benchmark, eng, oracle, run, prompt_len, settings, slices, 5000)
+    finally:
+        run(slicing(None, eng.backend.slice_min_tokens or DEFAULT_SLICES[0], eng.backend.slice_rows or
+                    DEFAULT_SLICES[1]))
+        run(_set_min_tokens(eng, eng.backend.safe_point_min_tokens))
+    assert all(r["fine"].checks > 0 and r["default"].checks == 0 for r in paired.rounds), \
+        [(r["fine"].checks, r["default"].checks) for r in paired.rounds]
+    benchmark.extra_info.update({
+        "paper_metric": "no-revision cost of safe points inside attention and MLP (issue 14 section 2)",
+        "model": "long", "workload": f"{prompt_len}-token prefill (2048-token steps) + 128-token decode, concurrency 1",
+        "slices": {"fine": FINE_SLICES, "default": DEFAULT_SLICES, "as": "(min_tokens, tokens per slice)"},
+        "sliced_calls_per_request[fine]": summary(paired.values("fine", lambda t: t.checks), 0),
+        **_cost_info(paired, "fine", "default")})
+    print(f"\n[fine safe points] {prompt_len}: total ratio {benchmark.extra_info['cost_ratio_total[fine/default]']}")
 
 
 WORKLOADS = {
