@@ -51,7 +51,7 @@ CERTIFIED = (1, 4, 16, 64, 256, 1024, 4096)
 CERT_ROUNDS = int(os.environ.get("RETIRE_GROWTH_ROUNDS", "15"))
 SCOPES = (1, 10, 100, 1000, 10000)
 SCOPE_ROUNDS = 10
-STAGES = ("align", "pin", "resume", "reclaim")
+STAGES = ("advance", "fence", "align", "pin", "resume", "reclaim")
 
 
 def _ms_per_1000(pts, n):
@@ -236,8 +236,6 @@ ENGINE_ROUNDS = 4
 
 
 def test_bench_growth_live_scopes_engine(benchmark, facades, runner, bench_engines):
-    from oracles.runs import collect
-    from retire.barriers import wait_engine
     from retire.trials import Judge
 
     fs, oracle = facades("unit-wide", "retire")
@@ -260,27 +258,14 @@ def test_bench_growth_live_scopes_engine(benchmark, facades, runner, bench_engin
         tracemalloc.stop()
         per_scope = sum(d.size_diff for d in after.compare_to(before, "filename")) / max(n - 1, 1)
         p = tokens(600, 7)
-        scope = f"target{n}"
-        await eng.submit(scope, p, sp_old)
-        await wait_engine(eng, scope, out_tokens=1, epoch=0)
-        olds = [asyncio_task(collect(eng, scope, 0))]
+        trs = await _revision_chain(eng, judge, f"target{n}", p, ENGINE_ROUNDS, lambda e: revise(p, 500, 600, e),
+                                    sp_old, sp_new, rejected, f"n={n}")
         ys: dict[str, list[float]] = {}
-        for e in range(1, ENGINE_ROUNDS + 1):
-            revised = revise(p, 500, 600, e)
-            tr = await eng.supersede(scope, e - 1, revised, sp_new if e == ENGINE_ROUNDS else sp_old)
-            if e < ENGINE_ROUNDS:
-                olds.append(asyncio_task(collect(eng, scope, e)))
-                await wait_engine(eng, scope, out_tokens=1, epoch=e)
+        for tr in trs:
             ys.setdefault("SUPERSEDE call -> return (caller's clock)", []).append(tr.timings["admit"])
             ys.setdefault("engine transition (engine clock)", []).append(tr.timings["engine_total"])
             ys.setdefault("engine transition without RECLAIM", []).append(
                 tr.timings["engine_total"] - tr.timings["reclaim"])
-        new = await collect(eng, scope, ENGINE_ROUNDS)
-        for t in olds:
-            await t
-        ok, verdict = await judge.check("retire", revised, sp_new, new, tr.inherited_tokens)
-        if not ok:
-            rejected.append(f"n={n}: {verdict}")
         await bg.close()  # aborts every background version
         return ys, per_scope
 
@@ -324,8 +309,6 @@ def test_bench_growth_certified_blocks_engine(benchmark, facades, runner):
     done, still decoding), so every successor inherits n blocks from a live predecessor and computes 56 tokens. The
     first transition of a chain warms the code paths and is not recorded; the last version is judged against its
     oracle."""
-    from oracles.runs import collect
-    from retire.barriers import wait_engine
     from retire.trials import Judge
 
     fs, oracle = facades("long-32k", "retire")
@@ -338,28 +321,16 @@ def test_bench_growth_certified_blocks_engine(benchmark, facades, runner):
     rejected: list[str] = []
 
     async def chain(n: int) -> dict[str, list[float]]:
-        base, scope, ys = repo_prompt(n * BLOCK + 64, n), f"chain{n}", {}
-        await eng.submit(scope, base, sp_old)
-        await wait_engine(eng, scope, out_tokens=1, epoch=0)
-        olds = [asyncio_task(collect(eng, scope, 0))]
-        for e in range(1, CHAIN_ROUNDS + 1):
-            revised = revise(base, n * BLOCK + 8, n * BLOCK + 64, e)
-            last = e == CHAIN_ROUNDS
-            tr = await eng.supersede(scope, e - 1, revised, sp_last if last else sp_old)
-            if not last:
-                olds.append(asyncio_task(collect(eng, scope, e)))
-                await wait_engine(eng, scope, out_tokens=1, epoch=e)
+        base, ys = repo_prompt(n * BLOCK + 64, n), {}
+        trs = await _revision_chain(eng, judge, f"chain{n}", base, CHAIN_ROUNDS,
+                                    lambda e: revise(base, n * BLOCK + 8, n * BLOCK + 64, e), sp_old, sp_last,
+                                    rejected, f"n={n}")
+        for e, tr in enumerate(trs, 1):
             inherited.setdefault(n, []).append(int(tr.inherited_tokens or 0) // BLOCK)
             if e > 1:
                 ys.setdefault("engine transition (engine clock)", []).append(tr.timings["engine_total"])
                 for st in STAGES:
                     ys.setdefault(f"stage {st}", []).append(tr.timings[st])
-        new = await collect(eng, scope, CHAIN_ROUNDS)
-        for t in olds:
-            await t
-        ok, verdict = await judge.check("retire", revised, sp_last, new, tr.inherited_tokens)
-        if not ok:
-            rejected.append(f"n={n}: {verdict}")
         return ys
 
     def sweep():
@@ -393,9 +364,34 @@ def test_bench_growth_certified_blocks_engine(benchmark, facades, runner):
     print(f"\n[growth chain] {c['complexity']}")
 
 
-def asyncio_task(coro):
+async def _revision_chain(eng, judge, scope: str, base, rounds: int, revised_at, sp_old, sp_last, rejected: list,
+                          label: str) -> list:
+    """A scope submitted with `base`, then `rounds` SUPERSEDEs (the e-th to `revised_at(e)`), each issued once the
+    previous version has produced its first token (prefill done, still decoding, so every predecessor is live); the
+    last version (sampled with `sp_last`) is judged against the oracle, a rejection appended to `rejected` under
+    `label`. Every earlier version's stream is drained. Returns the TransitionResults in order."""
     import asyncio
-    return asyncio.ensure_future(coro)
+
+    from oracles.runs import collect
+    from retire.barriers import wait_engine
+
+    await eng.submit(scope, base, sp_old)
+    await wait_engine(eng, scope, out_tokens=1, epoch=0)
+    olds = [asyncio.ensure_future(collect(eng, scope, 0))]
+    trs = []
+    for e in range(1, rounds + 1):
+        revised = revised_at(e)
+        tr = await eng.supersede(scope, e - 1, revised, sp_last if e == rounds else sp_old)
+        trs.append(tr)
+        if e < rounds:
+            olds.append(asyncio.ensure_future(collect(eng, scope, e)))
+            await wait_engine(eng, scope, out_tokens=1, epoch=e)
+    new = await collect(eng, scope, rounds)
+    await asyncio.gather(*olds)
+    ok, verdict = await judge.check("retire", revised, sp_last, new, trs[-1].inherited_tokens)
+    if not ok:
+        rejected.append(f"{label}: {verdict}")
+    return trs
 
 
 LENGTHS = tuple(x for x in (1024, 2048, 4096, 8192, 16384, 32000)
