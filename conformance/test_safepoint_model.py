@@ -2,7 +2,7 @@
 import pytest
 
 from retire.mailbox import Mailbox, create_path, key
-from retire.safepoints import decide
+from retire.safepoints import SafePoints, decide
 from retire.slicing import plan
 
 
@@ -32,6 +32,24 @@ def test_the_first_safe_point_keeps_the_useful_work_rule():
     scaled = decide(chunk=(0, 2048), lcp=100, new_len=2300, block=32, elapsed=0.0, progress=0.0,
                     per_token_cost=1e-3)
     assert scaled["cut"] and scaled["units"] == "s" and scaled["predicted_successor_ready_finish"] > 2.0
+
+
+def test_progress_grows_through_every_safe_point_of_the_first_layer():
+    """Before any layer has completed, progress comes from the layer's assumed split (attention first, then the MLP):
+    every safe point of layer 0 (its start, the attention slices, the MLP's start, the MLP slices) is further along
+    than the one before it and short of layer 1's start. (An MLP slice once counted as the MLP's start.)"""
+    sp = object.__new__(SafePoints)  # the safe points' own callbacks, no worker
+    sp.layers, sp.armed, points = [None] * 8, {"decided": False}, []
+    sp._point = lambda a, i, within, where: points.append((where, sp._progress({"layer_t": []}, i, within)))
+    points.append(("layer", sp._progress({"layer_t": []}, 0, 0.0)))
+    for f in (0.25, 0.5, 0.75):
+        sp._slice_point(0, f)
+    sp._mlp_hook(0)(None, ())
+    for f in (0.25, 0.5, 0.75):
+        sp._mlp_slice_point(0, f)
+    progress = [p for _, p in points]
+    assert len(points) == 8 and progress == sorted(set(progress)), points
+    assert progress[0] == 0 and progress[-1] < 1 / 8, points
 
 
 @pytest.mark.parametrize("innocent,progress,cut", [

@@ -43,6 +43,10 @@ from .mailbox import key as mailbox_key
 
 log = logging.getLogger("retire.safepoints")
 
+#: the share of a decoder layer's time its attention takes, for the progress estimate of a step with no completed
+#: layer yet (attention dominates long prefills on CPU; from the second layer on, measured layer times are used)
+ATTENTION_SHARE = 0.85
+
 
 class _Cut(Exception):
     pass
@@ -159,21 +163,21 @@ class SafePoints:
         def pre_hook(module, args):
             a = self.armed
             if not a["decided"]:
-                self._point(a, i, None, "mlp")
+                self._point(a, i, ATTENTION_SHARE, "mlp")
             return None
         return pre_hook
 
     def _slice_point(self, i: int, fraction: float) -> None:
         a = self.armed
         if not a["decided"]:
-            self._point(a, i, fraction, f"attention slice {fraction:.3f}")
+            self._point(a, i, ATTENTION_SHARE * fraction, f"attention slice {fraction:.3f}")
 
     def _mlp_slice_point(self, i: int, fraction: float) -> None:
         a = self.armed
         if not a["decided"]:
-            self._point(a, i, None, f"mlp slice {fraction:.3f}")
+            self._point(a, i, ATTENTION_SHARE + (1 - ATTENTION_SHARE) * fraction, f"mlp slice {fraction:.3f}")
 
-    def _point(self, a: dict, i: int, within: float | None, where: str) -> None:
+    def _point(self, a: dict, i: int, within: float, where: str) -> None:
         self.mb.bump("checks")
         revoked = self.mb.revoked() if self.mb.any_live() else {}
         if revoked:
@@ -183,17 +187,18 @@ class SafePoints:
     def _elapsed(a: dict) -> float:
         return time.monotonic() - a["t0"] - a["paused"]
 
-    def _progress(self, a: dict, i: int, within: float | None) -> float:
-        """Fraction of the step done at layer i (+ `within` of it; None = at the MLP: measured from this step's
-        completed layers when there are any)."""
+    def _progress(self, a: dict, i: int, within: float) -> float:
+        """Fraction of the step done at layer i plus `within` of it (the layer's attention is its first
+        ATTENTION_SHARE, the MLP the rest: an attention slice f is at ATTENTION_SHARE * f, an MLP slice f at
+        ATTENTION_SHARE + (1 - ATTENTION_SHARE) * f); measured from this step's completed layers when there are any."""
         n = len(self.layers)
         lt = a["layer_t"]
         if i >= 1 and len(lt) > i:
             per_layer = lt[i] / i
             return min(self._elapsed(a) / (per_layer * n), (i + 1) / n)
-        return (i + (0.85 if within is None else 0.85 * within)) / n  # attention-dominant first layer
+        return (i + within) / n
 
-    def _check(self, a: dict, i: int, within: float | None, where: str, revoked: dict) -> None:
+    def _check(self, a: dict, i: int, within: float, where: str, revoked: dict) -> None:
         ids, keys = a["chunks"], a["keys"]
         hit = [r for r in ids if keys[r] in revoked]
         if not hit:
