@@ -17,6 +17,11 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+#: safe points inside attention and MLP as (min step tokens, tokens per slice): the finer setting the long replay's
+#: `retire-fine` arm and the no-revision cost bench use, and the worker's defaults (engine options
+#: `safe_point_slice_min_tokens`, `safe_point_slice_rows`)
+FINE_SLICES, DEFAULT_SLICES = (2048, 512), (8192, 1024)
+
 
 def rotate(arms: Sequence[str], i: int) -> list[str]:
     """Arm order of round i: arms rotated by i (two arms: alternating)."""

@@ -34,7 +34,7 @@ from conformance.fixtures.prompts import repo_prompt
 from oracles import collect, compare_logprobs_close, compare_tokens
 from perf import pairs_ledger
 from perf.quiesce import HARNESS, quiesce
-from perf.common import Paired, bootstrap_ci, bootstrap_ci_nested, summary
+from perf.common import DEFAULT_SLICES, FINE_SLICES, Paired, bootstrap_ci, bootstrap_ci_nested, summary
 from retire.trials import reset_prefix_cache
 
 pytestmark = pytest.mark.bench
@@ -149,10 +149,6 @@ def test_bench_armed_guards_cost(benchmark, facades, pool, prompt_len):
         "safe_point_checks_per_request[armed]": summary(paired.values("armed", lambda t: t.checks), 0),
         **_cost_info(paired, "armed", "unarmed")})
     print(f"\n[armed guards] {prompt_len}: total ratio {benchmark.extra_info['cost_ratio_total[armed/unarmed]']}")
-
-
-#: the finer safe points of the long replay's `retire-fine` arm (perf/test_bench_replay.py) and the worker's defaults
-FINE_SLICES, DEFAULT_SLICES = (2048, 512), (8192, 1024)
 
 
 @pytest.mark.parametrize("prompt_len", [4096, 8192])

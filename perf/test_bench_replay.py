@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from conformance.fixtures.prompts import revise, tokens
-from perf.common import Paired, summary
+from perf.common import DEFAULT_SLICES, FINE_SLICES, Paired, summary
 from retire.traces import read_trace_jsonl
 from retire.traces.driver import (QuantumSelector, Workload, judge_finals, plan, poisson_arrivals, prompt_chain,
                                   run_arm, trace_arrivals)
@@ -74,14 +74,14 @@ def _facade(fs, arm):
 
 #: `retire-fine` (long shape): retire with safe points inside the attention (query slices) and the MLP (row slices)
 #: of every armed step from 2048 tokens, 512 tokens per slice (engine options `safe_point_slice_min_tokens`,
-#: `safe_point_slice_rows`); the other arms run the worker's defaults (from 8192 tokens, 1024 per slice)
-FINE = (2048, 512)
-DEFAULT_SLICES = (8192, 1024)
+#: `safe_point_slice_rows`; perf/common.py FINE_SLICES); the other arms run the worker's defaults (DEFAULT_SLICES: from
+#: 8192 tokens, 1024 per slice)
 
 
 async def _slices_for(fs, arm: str) -> None:
     await fs["retire"].backend.ensure_safe_points()
-    await fs["retire"].backend.worker("retire_slicing", None, *(FINE if arm == "retire-fine" else DEFAULT_SLICES))
+    slices = FINE_SLICES if arm == "retire-fine" else DEFAULT_SLICES
+    await fs["retire"].backend.worker("retire_slicing", None, *slices)
 
 
 @pytest.mark.timeout(3 * 1800)  # rounds are bounded at 1800 s each (long shape); pytest-timeout's 900 s would cut them
@@ -141,7 +141,7 @@ def test_bench_replay_recorded_burst(benchmark, facades, runner, shape):
     ei["verdicts"] = sorted({r.verdict for t in paired.rounds for tr in t.values() for r in tr.res.finals})
     retire_cleanup = statistics.median(paired.values("retire", m("cleanup_latency_s_median")))
     if "retire-fine" in arms:  # the finer safe points, paired against the default ones in the same rounds
-        ei["slices[retire-fine]"] = {"min_tokens": FINE[0], "tokens_per_slice": FINE[1],
+        ei["slices[retire-fine]"] = {"min_tokens": FINE_SLICES[0], "tokens_per_slice": FINE_SLICES[1],
                                      "default": {"min_tokens": DEFAULT_SLICES[0], "tokens_per_slice": DEFAULT_SLICES[1]}}
         ei["cleanup_ratio[retire/retire-fine]"] = summary(paired.ratios("retire", "retire-fine",
                                                                         m("cleanup_latency_s_median")))
