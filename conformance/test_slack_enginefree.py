@@ -176,6 +176,7 @@ def test_reclaim_gives_back_and_a_successor_with_slack_takes_over_a_chain():
         before_e2 = dict(core.port.ref_counts())
         if not e1_slack.slack:  # RECLAIM gave every kept block of e0 back
             assert not _extra_refs(core), _extra_refs(core)
+        assert core.s.retire.counters["slack_handoff_blocks"] == len(_kept(core, e1)), core.s.retire.counters
         rec.observe()
         r2 = revise(r1, 700, 760, 7)  # LCP 700: 196 tokens behind e1's inherited 896 (3 windows)
         res2, e2 = core.supersede("t", "s", 1, r2, contract=Contract())
@@ -335,3 +336,142 @@ def test_negative_control_a_slack_that_misses_the_preemption_keeps_replaced_bloc
     core, rec = _core(num_blocks=48, max_model_len=2048)
     _, _, wrong = _preempted_and_regrown(core, rec)
     assert wrong, "a slack blind to preemption kept only the blocks vLLM placed last"
+
+
+# ---------------------------------------------------------------------------------------------- handoff, cuts, tracking
+def _kept(core, rid: str) -> dict[int, int]:
+    """Position -> block the slack keeps for `rid` in the sliding group (the slack's own bookkeeping; the tests judge
+    it against vLLM's tables through the Recorder and against vLLM's ref_cnt)."""
+    slack = core.s.retire.slack
+    k = slack.kept.get(rid)
+    return dict(k.blocks[slack.sliding[0]]) if k else {}
+
+
+def test_a_successor_with_a_narrower_slack_takes_over_only_its_range_and_keeps_growing():
+    """e0 keeps 512 tokens (or no slack at all); e1 inherits 992 tokens with a 128-token slack: at RECLAIM it takes
+    over exactly e0's kept blocks within 128 tokens of 992 (the rest go back with e0; none without e0's slack), the
+    transition counts them, and as e1 decodes on its slack stays within its own range and holds the blocks vLLM
+    placed there."""
+    for old_contract in (SLACK, Contract()):
+        core, rec = _core()
+        baseline = core.port.free_block_count()
+        e0 = core.submit("t", "s", tokens(1000, 6), max_tokens=64, contract=old_contract)
+        _run_to(rec, e0, 1000)
+        rec.step(2)
+        revised = revise(list(core.s.requests[e0].all_token_ids), 1000, 1040, 3)
+        res, e1 = core.supersede("t", "s", 0, revised, contract=Contract(slack=True, slack_tokens=128),
+                                 max_tokens=64)
+        assert res.inherited_tokens == 992, res
+        taken = _kept(core, e1)
+        want = {i: rec.seen[e0][i] for i in range(first_needed(992 - 128), first_needed(992))}
+        assert taken == (want if old_contract.slack else {}), (taken, want)
+        assert core.s.retire.counters["slack_handoff_blocks"] == len(taken)
+        assert sum(_extra_refs(core).values()) == len(taken)  # e0's other kept blocks went back at RECLAIM
+        grew = False
+        while core.port.live(e1):
+            rec.step()
+            f, kept = core.port.frontier(e1), _kept(core, e1)
+            assert set(kept) <= set(range(first_needed(max(0, f - 128)), first_needed(f))), (f, kept)
+            assert all(rec.seen[e1].get(i, want.get(i)) == b for i, b in kept.items()), kept
+            grew |= bool(set(kept) - set(want))
+        assert grew, "e1's slack never kept a block of its own"
+        _drained(core, baseline)
+
+
+def test_a_cut_step_keeps_the_slack():
+    """A step cut at a safe point commits nothing and leaves the frontier where it was: the slack keeps every block
+    (a frontier that did not move is not a preemption)."""
+    core, rec = _core()
+    old = core.submit("t", "s", tokens(1200, 4), max_tokens=64, contract=Contract(slack=True, slack_tokens=256))
+    _run_to(rec, old, 1200)
+    rec.step()
+    before, f = _kept(core, old), core.port.frontier(old)
+    assert len(before) == 256 // BS
+    core.step(cut=True, decision={"layer": 3})
+    assert core.port.frontier(old) == f and _kept(core, old) == before
+    assert _extra_refs(core) == {b: 1 for b in before.values()}
+    assert core.audit()["valid"]
+
+
+def test_regrown_slack_is_complete():
+    """After each preemption the regrown slack holds every position of [first_needed(F - S), first_needed(F)) that
+    vLLM has filled since (the kept range restarts at position 0, not past it)."""
+    core, rec = _core(num_blocks=48, max_model_len=2048)
+    core.submit("t", "b", tokens(300, 1), max_tokens=600)
+    a = core.submit("t", "a", tokens(300, 2), max_tokens=600, contract=SLACK)
+    filled: set[int] = set()
+    peak = checked = 0
+    while core.step() is not None:
+        if not core.port.live(a):
+            continue
+        f = core.port.frontier(a)
+        if f < peak:
+            filled.clear()
+        peak = f
+        filled |= {i for i, b in enumerate(rec.table(a)) if b != core.port.null_block_id}
+        rec.observe()
+        want = filled & set(range(first_needed(max(0, f - SLACK.slack_tokens)), first_needed(f)))
+        assert want <= set(_kept(core, a)), (f, sorted(want - set(_kept(core, a))))
+        checked += bool(want)
+    assert checked, "inconclusive: the slack never had anything to keep"
+
+
+def test_a_duplicate_submit_that_is_never_current_keeps_no_slack():
+    core, rec = _core()
+    first = core.submit("t", "s", tokens(900, 1), max_tokens=64, contract=SLACK)
+    dup = core.submit("t", "s", tokens(900, 2), max_tokens=64, contract=SLACK)  # the facade refuses this one
+    _run_to(rec, dup, 900)
+    rec.step(3)
+    assert _kept(core, first) and dup not in core.s.retire.slack.kept
+
+
+# ---------------------------------------------------------------------------------------------- quota arithmetic
+@pytest.mark.parametrize("quota,kept,limited", [(100, 16, 0), (12, 4, 12), (6, 0, 16)])
+def test_the_quota_room_is_the_quota_less_the_tenants_other_pins(quota, kept, limited):
+    """Scope b of the same tenant keeps 8 slack blocks (S = 256, no quota); scope a wants 16 (S = 512) under
+    pin_quota_blocks=quota: it keeps min(16, quota - 8) blocks, the nearest the frontier, and records what the quota
+    kept out."""
+    core, rec = _core(num_blocks=512)
+    b = core.submit("t", "b", tokens(900, 10), max_tokens=200, contract=Contract(slack=True, slack_tokens=256))
+    a = core.submit("t", "a", tokens(900, 11), max_tokens=200,
+                    contract=Contract(slack=True, slack_tokens=512, pin_quota_blocks=quota))
+    _run_to(rec, a, 900)
+    rec.step(3)
+    assert len(_kept(core, b)) == 8
+    f, got = core.port.frontier(a), _kept(core, a)
+    assert got == {i: rec.seen[a][i] for i in range(first_needed(f) - kept, first_needed(f))}, (f, sorted(got))
+    assert core.s.retire.slack.kept[a].limited == limited
+    assert core.audit()["valid"]
+
+
+# ---------------------------------------------------------------------------------------------- audit messages
+def test_the_audit_names_a_slack_that_outlives_its_request_and_one_its_pin_disagrees_with(monkeypatch):
+    """Negative controls of the slack's own audit lines: a slack left behind by its finished request (release does
+    nothing) is named with its block count and its pin reported dangling, while another scope's live slack is not;
+    a kept block missing from the bookkeeping, and a pin missing altogether, are named with what the pin holds."""
+    from retire.slack import Slack
+
+    core, rec = _core()
+    live = core.submit("t", "live", tokens(1000, 5), max_tokens=200, contract=Contract(slack=True, slack_tokens=256))
+    old = core.submit("t", "s", tokens(1200, 4), max_tokens=64, contract=Contract(slack=True, slack_tokens=256))
+    _run_to(rec, old, 1200)
+    rec.step()
+    slack, g = core.s.retire.slack, core.s.retire.slack.sliding[0]
+    k = slack.kept[old]
+    i, b = min(k.blocks[g].items())
+    del k.blocks[g][i]
+    v = core.audit()["violations"]
+    mine = [x for x in v if x.startswith(f"revision slack of {old}: kept ")]
+    assert len(mine) == 1 and str(b) in mine[0].split("but the pin holds")[1], v
+    k.blocks[g][i] = b
+    assert core.audit()["valid"]
+    held = slack.pins.pins.pop(k.pin)
+    v = core.audit()["violations"]
+    assert any(x.startswith(f"revision slack of {old}: kept ") and x.endswith("but the pin holds []") for x in v), v
+    slack.pins.pins[k.pin] = held
+    monkeypatch.setattr(Slack, "release", lambda self, rid: 0)
+    assert core.port.finish(old) and _kept(core, live)
+    v = core.audit()["violations"]
+    assert f"revision slack of {old} outlives its request ({256 // BS} blocks)" in v, v
+    dangling = [x for x in v if x.startswith("dangling pins")]
+    assert len(dangling) == 1 and "scope='s'" in dangling[0] and "scope='live'" not in dangling[0], v

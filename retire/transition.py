@@ -102,7 +102,8 @@ class TransitionCore:
         inherited, dram_held, reason = self._resume(handle, tag, plan, flat, gens, hook, old_id)
         t5 = now()
         if old_id is not None and self.port.live(old_id):
-            self.slack.handoff(old_id, handle.request_id, inherited)  # slack: the successor keeps what it covers
+            # slack: the successor keeps what it covers
+            self.counters["slack_handoff_blocks"] += self.slack.handoff(old_id, handle.request_id, inherited)
             self.port.finish(old_id)  # RECLAIM, after the successor is admitted
         self.slack.release(old_id)
         t6 = now()
