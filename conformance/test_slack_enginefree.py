@@ -426,7 +426,7 @@ def test_a_duplicate_submit_that_is_never_current_keeps_no_slack():
 
 
 # ---------------------------------------------------------------------------------------------- quota arithmetic
-@pytest.mark.parametrize("quota,kept,limited", [(100, 16, 0), (12, 4, 12), (6, 0, 16)])
+@pytest.mark.parametrize("quota,kept,limited", [(100, 16, 0), (28, 16, 0), (12, 4, 12), (6, 0, 16)])
 def test_the_quota_room_is_the_quota_less_the_tenants_other_pins(quota, kept, limited):
     """Scope b of the same tenant keeps 8 slack blocks (S = 256, no quota); scope a wants 16 (S = 512) under
     pin_quota_blocks=quota: it keeps min(16, quota - 8) blocks, the nearest the frontier, and records what the quota
@@ -475,3 +475,47 @@ def test_the_audit_names_a_slack_that_outlives_its_request_and_one_its_pin_disag
     assert f"revision slack of {old} outlives its request ({256 // BS} blocks)" in v, v
     dangling = [x for x in v if x.startswith("dangling pins")]
     assert len(dangling) == 1 and "scope='s'" in dangling[0] and "scope='live'" not in dangling[0], v
+
+
+def test_a_cold_successor_with_a_slack_keeps_only_its_own_range():
+    """e0 keeps 512 tokens; e1 shares nothing with it (cold) and keeps 128: RECLAIM hands nothing over, and as e1
+    runs, its kept positions stay within [first_needed(F - 128), first_needed(F)) of its own frontier (nothing of e0's
+    range carries over into e1's bookkeeping)."""
+    core, rec = _core()
+    baseline = core.port.free_block_count()
+    e0 = core.submit("t", "s", tokens(1200, 4), max_tokens=64, contract=SLACK)
+    _run_to(rec, e0, 1200)
+    rec.step()
+    assert core.s.retire.slack.kept[e0].lo[core.s.retire.slack.sliding[0]] > 0
+    res, e1 = core.supersede("t", "s", 0, tokens(1000, 99), contract=Contract(slack=True, slack_tokens=128),
+                             max_tokens=300)
+    assert res.inherited_tokens == 0 and core.s.retire.counters["slack_handoff_blocks"] == 0, res
+    while core.port.live(e1):
+        rec.step()
+        f, kept = core.port.frontier(e1), _kept(core, e1)
+        assert set(kept) <= set(range(first_needed(max(0, f - 128)), first_needed(f))), (f, sorted(kept))
+    _drained(core, baseline)
+
+
+def test_the_cold_reason_says_what_the_slack_kept():
+    """`Slack.explain`, the tail of a "sliding window" cold reason: no slack (no contract, or no request), the kept
+    span in tokens, the pin quota's cut, and a slack that holds nothing."""
+    core, rec = _core()
+    slack = core.s.retire.slack
+    plain = core.submit("t", "p", tokens(300, 1), max_tokens=64)
+    kept = core.submit("t", "k", tokens(1200, 4), max_tokens=64, contract=Contract(slack=True, slack_tokens=256))
+    cut = core.submit("u", "q", tokens(1200, 5), max_tokens=64,  # another tenant: k's pins leave its quota alone
+                      contract=Contract(slack=True, slack_tokens=512, pin_quota_blocks=4))
+    _run_to(rec, cut, 1200)
+    rec.step()
+    none = "; no revision slack was kept (Contract(slack=True) keeps one)"
+    assert slack.explain(None) == none and slack.explain(plain) == none
+    f, g = core.port.frontier(kept), slack.sliding[0]
+    span = f"group {g}: tokens [{first_needed(f - 256) * BS}, {first_needed(f) * BS})"
+    assert slack.explain(kept) == f"; revision slack of 256 tokens behind frontier {f} keeps {span}"
+    f = core.port.frontier(cut)
+    span = f"group {g}: tokens [{(first_needed(f) - 4) * BS}, {first_needed(f) * BS})"
+    assert slack.explain(cut) == (f"; revision slack of 512 tokens behind frontier {f} keeps {span}; pin quota: 4 "
+                                  f"blocks left room for 4 per sliding group, 12 slack blocks not kept")
+    slack.release(kept)
+    assert slack.explain(kept) == "; the predecessor's revision slack held nothing"
