@@ -519,3 +519,16 @@ def test_the_cold_reason_says_what_the_slack_kept():
                                   f"blocks left room for 4 per sliding group, 12 slack blocks not kept")
     slack.release(kept)
     assert slack.explain(kept) == "; the predecessor's revision slack held nothing"
+
+
+def test_a_one_token_slack_keeps_the_block_the_window_just_left_for_one_step():
+    """The smallest slack the facade accepts (1 token): after each decode step whose frontier moves the window past a
+    block boundary, that one block is kept until the next step moves the frontier on."""
+    core, rec = _core()
+    old = core.submit("t", "s", tokens(300, 3), max_tokens=100, contract=Contract(slack=True, slack_tokens=1))
+    sizes = []
+    while core.port.live(old):
+        rec.step()
+        sizes.append(len(_kept(core, old)))
+    assert max(sizes) == 1 and sizes.count(1) >= 2, sizes
+    assert core.audit()["valid"]
