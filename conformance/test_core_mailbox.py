@@ -324,3 +324,33 @@ def test_wait_pause_count_waits_for_a_worker_that_arrives_after_the_wait_began(m
         t.join(timeout=10)
         front.close()
     assert done.is_set()
+
+
+def test_wait_count_returns_the_worker_count_once_it_exceeds_the_mark_and_times_out_naming_it(mb):
+    """`wait_count` (the barrier on the worker's `cuts`/`checks` counters): a count already above the mark returns
+    it at once, one at the mark waits for a bump made after the frontend's first look (gated on an Event set by that
+    look, as above), and one that never moves raises TimeoutError naming the counter, its value and the mark; the two
+    counters are separate."""
+    mb.bump("cuts", 3)
+    assert asyncio.run(mb.wait_count("cuts", 2, timeout=10)) == 3
+    looked = threading.Event()
+
+    class Watched(Mailbox):
+        def count(self, what):
+            looked.set()
+            return super().count(what)
+
+    front = Watched(mb.path)
+
+    def worker():
+        looked.wait(10)
+        mb.bump("checks", 2)
+    t = threading.Thread(target=worker, daemon=True)
+    t.start()
+    try:
+        assert asyncio.run(front.wait_count("checks", 1, timeout=10)) == 2
+    finally:
+        t.join(timeout=10)
+    assert mb.count("cuts") == 3
+    with pytest.raises(TimeoutError, match=r"^the worker's cuts count stayed at 3 \(waited for more than 3\)$"):
+        asyncio.run(mb.wait_count("cuts", 3, timeout=0.01))  # no worker: the bound is the fault under test
