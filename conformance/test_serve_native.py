@@ -19,10 +19,32 @@ def native_srv(request, device):
     s.stop(timeout=15)
 
 
+TRIALS = 3  # fresh scopes tried before the positive control fails (see `_exposing_trial`)
+
+
+def _exposing_trial(srv) -> tuple:
+    """The first of up to `TRIALS` stalled-reader revisions in which the checker counts obsolete tokens.
+
+    Why more than one: the checker excuses the one write the server may hold in user space at the accept. If the
+    old version's whole pile-up was merged into that write before the accept (the old version finished while
+    the client was stalled and a kernel window update let the server's pending write complete, which a VM pause
+    of several seconds makes likely), the trial cannot tell the policies apart: it counts 0 under either. That
+    happened once in CI (`tokens_before_accept=20`, 0 counted). A checker blind to obsolete tokens counts 0 in
+    every trial, so this control still fails for it; each trial's 0 is reported."""
+    seen = []
+    for i in range(TRIALS):
+        res = revise_under_stall(srv.url, srv.port, f"stall-native-{i}")
+        assert res.supersede.status_code == 200, res.supersede.text
+        if res.obsolete_tokens > 0:
+            return res, seen
+        straddle = max((e for e in res.events if e.start < res.boundary), key=lambda e: e.start, default=None)
+        seen.append(f"trial {i}: 0 counted, {res.tokens_before_accept} read before the accept, the excused write "
+                    f"held {straddle.tokens if straddle else 0} tokens")
+    raise AssertionError("positive control: the native policy must expose obsolete tokens here; " + "; ".join(seen))
+
+
 def test_native_policy_writes_obsolete_tokens_after_the_accept(native_srv, pool):
-    res = revise_under_stall(native_srv.url, native_srv.port, "stall-native")
-    assert res.supersede.status_code == 200, res.supersede.text
-    assert res.obsolete_tokens > 0, "positive control: the native policy must expose obsolete tokens here"
+    res, inconclusive = _exposing_trial(native_srv)
     ends = [r for e in res.events for r in e.finish_reasons]
     assert res.events[-1].data == "[DONE]" and len(ends) == 1, ends  # "superseded", or a natural end if the old
     # version had finished in the engine before the abort (native publishes what it had queued either way)
@@ -38,4 +60,5 @@ def test_native_policy_writes_obsolete_tokens_after_the_accept(native_srv, pool)
     v = judge(subject=out, oracle=ref)
     assert v.valid, v.detail
     print(f"\n{native_srv.policy}: {res.obsolete_tokens} obsolete tokens written after the accept in "
-          f"{len(res.counted)} events ({res.tokens_before_accept} read before it)")
+          f"{len(res.counted)} events ({res.tokens_before_accept} read before it); inconclusive trials before it: "
+          f"{inconclusive or 'none'}")
