@@ -26,13 +26,18 @@ bench: models
 	$(PY) -m pytest perf -m bench -q -rs --benchmark-json=results/bench.json
 
 # issue 14 section 5, resumable: INSTANCES more fresh (retire, stock) engine pairs (6 rounds each) appended to
-# results/no-revision-pairs.jsonl; the nested 95% interval is computed over every line of the current code
+# results/no-revision-pairs.jsonl, then AA_INSTANCES fresh (stock, stock) pairs, the A/A control of the same design
+# (0 skips it); each nested 95% interval is computed over every line of the current code and its arms
 # (perf/pairs_ledger.py). Run it again to add pairs; Ctrl-C keeps every finished instance. Needs an idle machine.
 INSTANCES ?= 20
+AA_INSTANCES ?= 10
 no-revision-ci: models
 	RETIRE_PAIRS_LEDGER=results/no-revision-pairs.jsonl RETIRE_INSTANCES=$(INSTANCES) $(PY) -m pytest \
-		perf/test_bench_overhead.py -m bench -q -rs -s -k "across_instances and 1K" \
+		perf/test_bench_overhead.py -m bench -q -rs -s -k "no_revision_vs_stock_across_instances and 1K" \
 		--benchmark-json=results/bench-no-revision-ci.json
+	@if [ "$(AA_INSTANCES)" != "0" ]; then RETIRE_PAIRS_LEDGER=results/no-revision-pairs.jsonl \
+		RETIRE_AA_INSTANCES=$(AA_INSTANCES) $(PY) -m pytest perf/test_bench_overhead.py -m bench -q -rs -s \
+		-k "stock_vs_stock_across_instances" --benchmark-json=results/bench-no-revision-ci-aa.json; fi
 
 explore: models
 	$(PY) -m conformance.explore --schedules 10000 --workers 2 --json results/explore-10k.json

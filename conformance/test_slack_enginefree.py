@@ -286,22 +286,31 @@ def test_the_preemption_vllm_reports_reaches_the_slack_through_the_scheduler():
     assert core.audit()["valid"]
 
 
-def _preempted_and_regrown(core, rec) -> tuple[int, int, list[str]]:
+def _preemption_steps(core, rec):
     """Two requests that outgrow 48 blocks: vLLM preempts the later one (`a`, with a slack) again and again; each time
-    it recomputes into new blocks and its slack grows again behind its new frontier. Returns (preemptions, kept
-    blocks that differ from the first block vLLM placed at their position, kept blocks that are not the last one)."""
+    it recomputes into new blocks and its slack grows again behind its new frontier. Yields (a, its frontier, whether
+    the frontier fell since the last step: a preemption) after each step in which `a` is live, once `rec` has
+    observed the step."""
     core.submit("t", "b", tokens(300, 1), max_tokens=600)
     a = core.submit("t", "a", tokens(300, 2), max_tokens=600, contract=SLACK)
-    first: dict[int, int] = {}
-    preempted = renewed = 0
-    wrong: list[str] = []
     peak = 0
     while core.step() is not None:
         rec.observe()
         if not core.port.live(a):
             continue
         f = core.port.frontier(a)
-        preempted, peak = preempted + (f < peak), f
+        yield a, f, f < peak
+        peak = f
+
+
+def _preempted_and_regrown(core, rec) -> tuple[int, int, list[str]]:
+    """Runs `_preemption_steps`. Returns (preemptions, kept blocks that differ from the first block vLLM placed at
+    their position, kept blocks that are not the last one)."""
+    first: dict[int, int] = {}
+    preempted = renewed = 0
+    wrong: list[str] = []
+    for a, _, dropped in _preemption_steps(core, rec):
+        preempted += dropped
         for i, b in rec.seen[a].items():
             first.setdefault(i, b)
         k = core.s.retire.slack.kept.get(a)
@@ -399,19 +408,12 @@ def test_regrown_slack_is_complete():
     """After each preemption the regrown slack holds every position of [first_needed(F - S), first_needed(F)) that
     vLLM has filled since (the kept range restarts at position 0, not past it)."""
     core, rec = _core(num_blocks=48, max_model_len=2048)
-    core.submit("t", "b", tokens(300, 1), max_tokens=600)
-    a = core.submit("t", "a", tokens(300, 2), max_tokens=600, contract=SLACK)
     filled: set[int] = set()
-    peak = checked = 0
-    while core.step() is not None:
-        if not core.port.live(a):
-            continue
-        f = core.port.frontier(a)
-        if f < peak:
+    checked = 0
+    for a, f, dropped in _preemption_steps(core, rec):
+        if dropped:
             filled.clear()
-        peak = f
         filled |= {i for i, b in enumerate(rec.table(a)) if b != core.port.null_block_id}
-        rec.observe()
         want = filled & set(range(first_needed(max(0, f - SLACK.slack_tokens)), first_needed(f)))
         assert want <= set(_kept(core, a)), (f, sorted(want - set(_kept(core, a))))
         checked += bool(want)

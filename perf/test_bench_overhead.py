@@ -1,7 +1,7 @@
 """What retire costs when nothing is revised (issue #4: armed guards; issue #6 / paper Table 11: retire vs stock vLLM).
 
-Four benchmarks, each pairing its arms trial by trial in one run (arm order alternating), on the `long` model with the
-`long` shape (prefill unit 2048, so a 1K prompt is one armed step and a 4K prompt two):
+Four kinds of benchmark, each pairing its arms trial by trial in one run (arm order alternating), on the `long` model
+with the `long` shape (prefill unit 2048, so a 1K prompt is one armed step and a 4K prompt two):
 
 1. Armed guards: the same "retire" facade with per-layer safe points ARMED (min_tokens 1024: every prefill step of the
    workload is armed, every layer reads the mailbox) vs UNARMED (min_tokens above any step). Decode steps are one
@@ -14,7 +14,8 @@ Four benchmarks, each pairing its arms trial by trial in one run (arm order alte
 3. A/A control: a second stock engine instance vs the first, paired the same way. Pairs in (2) share two engine
    instances, so their bootstrap interval misses any systematic difference between instances; (3) measures it.
 4. Retire vs stock across instances: (2) on several fresh engine pairs, with a two-stage (instances, then pairs)
-   bootstrap interval of the median ratio, the interval a 1% claim needs.
+   bootstrap interval of the median ratio, the interval a 1% claim needs; and its A/A control, the same design on
+   fresh pairs of two stock engines (the interval the design gives when nothing differs).
 
 Metric: submit -> last token (per request; for the batch, the makespan), plus time to first token for
 concurrency 1. Reported: medians, [min, max], per-pair ratios (subject / reference) with a percentile bootstrap 95%
@@ -26,6 +27,8 @@ import asyncio
 import os
 import statistics
 import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable
 
 import pytest
 from vllm import SamplingParams
@@ -299,6 +302,56 @@ LEDGER = os.environ.get("RETIRE_PAIRS_LEDGER", "")
 PAIRS_PER_INSTANCE = 6
 
 
+@dataclass(frozen=True)
+class _Instances:
+    """How `_across_instances` starts, runs and stops one fresh instance pair: `names` = (subject, reference), the
+    ratio is subject / reference; `start()` -> the two engines (untimed, warmed); `round(engines, i, order, tag)` ->
+    one paired round's trials; `stop(engines)`; `ledger` = the ledger's workload key for these arms."""
+    names: tuple[str, str]
+    start: Callable[[], tuple]
+    round: Callable[..., Awaitable[dict]]
+    stop: Callable[[tuple], None]
+    ledger: str
+    metric: str
+
+
+def _retire_stock_instances(pool, bench_engines, lens: list[int], workload: str) -> _Instances:
+    def start():
+        eng, stock = pool.start_subject("long"), pool.start_oracle("long")
+        bench_engines.warm(eng, stock)
+        return eng, stock
+
+    def stop(engs):
+        pool.stop_subject(engs[0])
+        pool.stop_oracle(engs[1])
+
+    return _Instances(("retire", "stock"), start,
+                      lambda e, i, order, tag: _retire_stock_pair(e[0], e[1], lens, i, order, tag), stop, workload,
+                      "no-revision cost: retire vs stock vLLM over several engine instances (Table 11)")
+
+
+def _stock_stock_instances(pool, lens: list[int], workload: str) -> _Instances:
+    from retire.trials import oracle_warmup
+
+    def start():
+        engs = pool.start_oracle("long"), pool.start_oracle("long")
+        for e in engs:
+            pool.runner.run(oracle_warmup(e))
+        return engs
+
+    def stop(engs):
+        for e in engs:
+            pool.stop_oracle(e)
+
+    def round_(e, i, order, tag):
+        arms = {"stock-B": lambda prompts: _stock_batch(e[0], prompts),
+                "stock-A": lambda prompts: _stock_batch(e[1], prompts)}
+        return _paired_round(arms, lens, i, order, subject="stock-B", reference="stock-A")
+
+    return _Instances(("stock-B", "stock-A"), start, round_, stop, f"{workload}/stock-stock",
+                      "A/A control over several fresh pairs of stock vLLM instances (no retire)")
+
+
 @pytest.mark.timeout(3600)  # 16 fresh engine pairs x 6 rounds: about 1 min per pair measured, more on a busy machine
 @pytest.mark.parametrize("workload", ["1K-c1", "mixed-8"])
 def test_bench_no_revision_vs_stock_across_instances(benchmark, facades, pool, bench_engines, workload):
@@ -307,12 +360,29 @@ def test_bench_no_revision_vs_stock_across_instances(benchmark, facades, pool, b
     bootstrap of the median ratio (instances, then pairs within them: `bootstrap_ci_nested`). The flat interval over
     the same ratios is recorded next to it; the difference is the instance effect the single-instance benchmark cannot
     see. `INSTANCES[workload]` is the number of instance pairs (`RETIRE_INSTANCES` overrides it)."""
-    instances = INSTANCES[workload]
     facades("long")  # evicts every other shape's engines; the pool's own long pair stays idle
+    _across_instances(benchmark, pool, workload, _retire_stock_instances(pool, bench_engines, WORKLOADS[workload],
+                                                                         workload))
+
+
+@pytest.mark.timeout(3600)
+def test_bench_stock_vs_stock_across_instances(benchmark, facades, pool):
+    """The A/A control of the test above, with the same design: INSTANCES fresh pairs of two stock engines, the same
+    rounds, prompts and nested interval. Its interval is what the design reports when there is no cost at all, so
+    retire's upper bound is read next to this one's. `make no-revision-ci` runs it after the retire pairs
+    (`AA_INSTANCES`); its pairs go to the same ledger under the workload key `1K-c1/stock-stock`."""
+    facades("long")
+    _across_instances(benchmark, pool, "1K-c1", _stock_stock_instances(pool, WORKLOADS["1K-c1"], "1K-c1"),
+                      instances=int(os.environ.get("RETIRE_AA_INSTANCES", INSTANCES["1K-c1"])))
+
+
+def _across_instances(benchmark, pool, workload: str, inst: _Instances, instances: int | None = None) -> None:
+    """`instances` fresh pairs of `inst`, PAIRS_PER_INSTANCE paired rounds each; the figures go to extra_info."""
+    instances = instances or INSTANCES[workload]
     run = pool.runner.run
     lens = WORKLOADS[workload]
-    arms = ("retire", "stock")
-    paired = Paired(arms)
+    subject, reference = inst.names
+    paired = Paired(inst.names)
     live: dict = {}
     instance_of: list[int] = []  # instance index of each admitted round
     session = time.strftime("%Y%m%dT%H%M%S")
@@ -320,56 +390,59 @@ def test_bench_no_revision_vs_stock_across_instances(benchmark, facades, pool, b
     total = lambda t: t.total
 
     def groups() -> list[list[float]]:
-        """Admitted retire/stock ratios per instance index."""
-        ratios = paired.ratios("retire", "stock", total)
+        """Admitted subject/reference ratios per instance index."""
+        ratios = paired.ratios(subject, reference, total)
         return [[r for r, k in zip(ratios, instance_of) if k == j] for j in range(instances)]
 
     def stop() -> None:
-        eng, stock = live.pop("eng", None), live.pop("stock", None)
-        if eng is not None:
-            pool.stop_subject(eng)
-        if stock is not None:
-            pool.stop_oracle(stock)
+        engs = live.pop("engs", None)
+        if engs is not None:
+            inst.stop(engs)
 
     def setup():
         args, kwargs = paired.setup()
         k = args[0] // PAIRS_PER_INSTANCE
         if live.get("k") != k:
             stop()
-            print(f"\n[instances] {workload}: starting engine pair {k + 1}/{instances}", flush=True)
-            live["eng"], live["stock"], live["k"] = pool.start_subject("long"), pool.start_oracle("long"), k
-            bench_engines.warm(live["eng"], live["stock"])
-            run(_retire_stock_pair(live["eng"], live["stock"], lens, -1 - k, list(arms), f"x{workload}-w{k}"))
+            print(f"\n[instances] {inst.ledger}: starting engine pair {k + 1}/{instances}", flush=True)
+            live["engs"], live["k"] = inst.start(), k
+            run(inst.round(live["engs"], -1 - k, list(inst.names), f"x{workload}-w{k}"))  # untimed warm-up pair
         return args, kwargs
 
     def target(i: int) -> None:
-        res = run(_retire_stock_pair(live["eng"], live["stock"], lens, i, paired.order(i), f"x{workload}-{i}"))
+        res = run(inst.round(live["engs"], i, paired.order(i), f"x{workload}-{i}"))
         if paired.add(i, res):
             instance_of.append(live["k"])
         if LEDGER and i % PAIRS_PER_INSTANCE == PAIRS_PER_INSTANCE - 1 and (mine := groups()[live["k"]]):
-            _ledger_append(code, workload, f"{session}-{live['k']}", mine)
+            _ledger_append(code, inst.ledger, f"{session}-{live['k']}", mine)
 
     try:
         benchmark.pedantic(target, setup=setup, rounds=instances * PAIRS_PER_INSTANCE, iterations=1)
     finally:
         stop()
     assert paired.rounds, paired.admission()
-    ratios, per_instance = paired.ratios("retire", "stock", total), groups()
+    _instances_info(benchmark, paired, groups(), inst, workload, instances, code)
+
+
+def _instances_info(benchmark, paired: Paired, per_instance: list, inst: _Instances, workload: str, instances: int,
+                    code: str) -> None:
+    subject, reference = inst.names
+    total = lambda t: t.total
+    ratios = paired.ratios(subject, reference, total)
     nested = bootstrap_ci_nested(per_instance, n=2000, seed=0)
-    info = {"paper_metric": "no-revision cost: retire vs stock vLLM over several engine instances (Table 11)",
-            "model": "long", "workload": workload, "prompt_lens": lens, "decode_tokens": 128,
-            "instances": instances, "pairs_per_instance": PAIRS_PER_INSTANCE, **paired.admission(),
-            **{f"latency_s[{a}]": summary(paired.values(a, total)) for a in arms},
-            "cost_ratio[retire/stock]": {**_ratio_info(ratios),
-                                         "nested_bootstrap_ci95_of_median": [round(x, 4) for x in nested] if nested
-                                         else None},
+    key = f"cost_ratio[{subject}/{reference}]"
+    info = {"paper_metric": inst.metric, "model": "long", "workload": workload, "prompt_lens": WORKLOADS[workload],
+            "decode_tokens": 128, "instances": instances, "pairs_per_instance": PAIRS_PER_INSTANCE,
+            **paired.admission(), **{f"latency_s[{a}]": summary(paired.values(a, total)) for a in inst.names},
+            key: {**_ratio_info(ratios),
+                  "nested_bootstrap_ci95_of_median": [round(x, 4) for x in nested] if nested else None},
             "instance_median_ratios": [round(statistics.median(g), 4) for g in per_instance if g]}
     if LEDGER:
         info["ledger"] = {"path": LEDGER, "harness": HARNESS,
-                          **pairs_ledger.pooled(LEDGER, code=code, workload=workload, harness=HARNESS)}
+                          **pairs_ledger.pooled(LEDGER, code=code, workload=inst.ledger, harness=HARNESS)}
     benchmark.extra_info.update(info)
-    print(f"\n[vs stock, {instances} instance pairs] {workload}: {info['cost_ratio[retire/stock]']}; "
-          f"per instance {info['instance_median_ratios']}" + (f"\n[ledger] {workload}: {info['ledger']}" if LEDGER
+    print(f"\n[{subject} vs {reference}, {instances} instance pairs] {workload}: {info[key]}; "
+          f"per instance {info['instance_median_ratios']}" + (f"\n[ledger] {inst.ledger}: {info['ledger']}" if LEDGER
                                                               else ""))
 
 
