@@ -384,8 +384,14 @@ def test_sliced_attention_step_is_bit_identical_to_the_unsliced_step(long8k, ste
                 await h.retire.backend.worker("retire_slicing", None, 8192, 1024)  # the worker's defaults
 
     (run_s, kv_s, lg_s, calls_s, info), (run_u, kv_u, lg_u, calls_u, _) = h.run(go())
-    assert info["verdict"]["exact"] and info["mlp"]["verdict"]["exact"], info
-    assert calls_s == (8, 8) and calls_u == (0, 0), (calls_s, calls_u)  # every layer sliced in the long step only
+    attn, mlp = info["verdict"], info["mlp"]["verdict"]
+    assert mlp["exact"], info
+    if attn.get("isa") == "vec":
+        assert attn["exact"], info
+    else:  # an ISA whose q-tile the slicer does not know ("amx" on a CPU with AMX): attention runs whole
+        assert not attn["exact"] and "unknown" in attn["reason"], info
+    # every layer sliced (attention where its split is exact, the MLP) in the long step only
+    assert calls_s == (8 if attn["exact"] else 0, 8) and calls_u == (0, 0), (calls_s, calls_u, attn)
     assert len(kv_s) == prompt_len // 32 and kv_s == kv_u
     assert len(lg_s) == len(lg_u) >= 2 and lg_s == lg_u
     assert run_s.tokens == run_u.tokens and run_s.logprobs == run_u.logprobs

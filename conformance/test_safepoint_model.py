@@ -95,7 +95,9 @@ def test_slice_plan_cuts_items_only_at_tile_multiples_and_keeps_split_items_whol
 @pytest.mark.parametrize("heads,kv_heads", [(8, 4), (4, 2)])  # the `long` and `unit` models' attention shapes
 def test_sliced_kernel_is_bit_identical_and_a_misaligned_split_is_not(heads, kv_heads):
     """The CPU attention kernel of this build, on random data: the step's work items cut at the q-tile size give the
-    unsliced output exactly (`torch.equal`); cut 8 rows off the tile (negative control) they do not."""
+    unsliced output exactly (`torch.equal`); cut 8 rows off the tile (negative control) they do not. Only for the
+    "vec" ISA, the one whose q-tile the slicer knows; for any other ISA this build's bf16 attention picks on this CPU
+    (2026-12-02: "amx" on a Sapphire Rapids host) it checks that the slicer offers no tile, so it never arms."""
     import torch
 
     from retire import adapter
@@ -105,6 +107,10 @@ def test_sliced_kernel_is_bit_identical_and_a_misaligned_split_is_not(heads, kv_
     dtype = torch.bfloat16
     info = {"isa": wk.kernel_isa(dtype, 32, 64), "head_dim": 64, "num_heads": heads, "num_kv_heads": kv_heads,
             "kv_cache_dtype": "auto", "sliding_window": -1, "split_kv": True}
+    if info["isa"] != "vec":  # e.g. "amx" on a CPU with AMX tiles: the slicer knows no q-tile, never arms, and the
+        # engine's safe points stay at the layer boundary (the engine test checks that fallback)
+        assert q_tile_candidates(info, 2) == [], info
+        return
     assert wk.metadata_layout_ok(info, dtype, torch.get_num_threads()) is None
     tiles = q_tile_candidates(info, 2)
     good = next((t for t in tiles if selfcheck(wk, info, dtype, t)["exact"]), None)

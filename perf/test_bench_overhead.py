@@ -67,9 +67,13 @@ async def _retire_batch(eng, prompts, tag: str) -> Timed:
     # submitted concurrently, as the stock arm's gathered generate() calls are: one by one, EngineCore would start a
     # step with the first request alone while the others are still being submitted
     await asyncio.gather(*(eng.submit(s, p, sp) for s, p in zip(scopes, prompts)))
+    submitted = time.monotonic() - t0
     runs = await asyncio.gather(*(collect(eng, s) for s in scopes))
     total = time.monotonic() - t0
-    first = runs[0].timings.get("first_frame") if len(runs) == 1 else None
+    # from t0, as the stock arm's (collect's own clock starts after the submit; before 2026-12-02 this figure
+    # left the submit out, which favoured retire in every retire/stock TTFT ratio)
+    first = submitted + runs[0].timings["first_frame"] if len(runs) == 1 and runs[0].timings.get("first_frame") \
+        is not None else None
     return Timed(runs, total, first)
 
 
@@ -300,15 +304,20 @@ INSTANCES = {w: int(os.environ.get("RETIRE_INSTANCES", n)) for w, n in (("1K-c1"
 # computed over all of its lines of the current code (perf/pairs_ledger.py)
 LEDGER = os.environ.get("RETIRE_PAIRS_LEDGER", "")
 PAIRS_PER_INSTANCE = 6
+# the ledger's harness label: the quiescence barrier, and the start order alternating per instance pair (odd pairs
+# start the reference engine first), which the series of 2026-12-02 ("quiesce-1") did not do: there the subject
+# always started first, and both the retire/stock and the A/A instance medians climbed within each run
+LEDGER_HARNESS = f"{HARNESS}/alt-start" if HARNESS else "alt-start"
 
 
 @dataclass(frozen=True)
 class _Instances:
     """How `_across_instances` starts, runs and stops one fresh instance pair: `names` = (subject, reference), the
-    ratio is subject / reference; `start()` -> the two engines (untimed, warmed); `round(engines, i, order, tag)` ->
-    one paired round's trials; `stop(engines)`; `ledger` = the ledger's workload key for these arms."""
+    ratio is subject / reference; `start(reference_first)` -> the two engines as (subject, reference), started in that
+    order (untimed, warmed); `round(engines, i, order, tag)` -> one paired round's trials; `stop(engines)`; `ledger`
+    = the ledger's workload key for these arms."""
     names: tuple[str, str]
-    start: Callable[[], tuple]
+    start: Callable[[bool], tuple]
     round: Callable[..., Awaitable[dict]]
     stop: Callable[[tuple], None]
     ledger: str
@@ -316,8 +325,12 @@ class _Instances:
 
 
 def _retire_stock_instances(pool, bench_engines, lens: list[int], workload: str) -> _Instances:
-    def start():
-        eng, stock = pool.start_subject("long"), pool.start_oracle("long")
+    def start(reference_first: bool):
+        if reference_first:
+            stock = pool.start_oracle("long")
+            eng = pool.start_subject("long")
+        else:
+            eng, stock = pool.start_subject("long"), pool.start_oracle("long")
         bench_engines.warm(eng, stock)
         return eng, stock
 
@@ -333,8 +346,9 @@ def _retire_stock_instances(pool, bench_engines, lens: list[int], workload: str)
 def _stock_stock_instances(pool, lens: list[int], workload: str) -> _Instances:
     from retire.trials import oracle_warmup
 
-    def start():
-        engs = pool.start_oracle("long"), pool.start_oracle("long")
+    def start(reference_first: bool):
+        a, b = pool.start_oracle("long"), pool.start_oracle("long")
+        engs = (b, a) if reference_first else (a, b)  # (subject "stock-B", reference "stock-A")
         for e in engs:
             pool.runner.run(oracle_warmup(e))
         return engs
@@ -389,9 +403,9 @@ def _across_instances(benchmark, pool, workload: str, inst: _Instances, instance
     code = pairs_ledger.code_digest() if LEDGER else ""  # the code measured, read once before the first pair
     total = lambda t: t.total
 
-    def groups() -> list[list[float]]:
-        """Admitted subject/reference ratios per instance index."""
-        ratios = paired.ratios(subject, reference, total)
+    def groups(metric=total) -> list[list[float]]:
+        """Admitted subject/reference ratios of `metric` per instance index."""
+        ratios = paired.ratios(subject, reference, metric)
         return [[r for r, k in zip(ratios, instance_of) if k == j] for j in range(instances)]
 
     def stop() -> None:
@@ -405,7 +419,7 @@ def _across_instances(benchmark, pool, workload: str, inst: _Instances, instance
         if live.get("k") != k:
             stop()
             print(f"\n[instances] {inst.ledger}: starting engine pair {k + 1}/{instances}", flush=True)
-            live["engs"], live["k"] = inst.start(), k
+            live["engs"], live["k"] = inst.start(k % 2 == 1), k
             run(inst.round(live["engs"], -1 - k, list(inst.names), f"x{workload}-w{k}"))  # untimed warm-up pair
         return args, kwargs
 
@@ -414,18 +428,21 @@ def _across_instances(benchmark, pool, workload: str, inst: _Instances, instance
         if paired.add(i, res):
             instance_of.append(live["k"])
         if LEDGER and i % PAIRS_PER_INSTANCE == PAIRS_PER_INSTANCE - 1 and (mine := groups()[live["k"]]):
-            _ledger_append(code, inst.ledger, f"{session}-{live['k']}", mine)
+            ttft = groups(lambda t: t.first)[live["k"]] if len(lens) == 1 else None  # prefill, apart from decode
+            _ledger_append(code, inst.ledger, f"{session}-{live['k']}", mine, ttft=ttft,
+                           start_order="reference-first" if live["k"] % 2 else "subject-first")
 
     try:
         benchmark.pedantic(target, setup=setup, rounds=instances * PAIRS_PER_INSTANCE, iterations=1)
     finally:
         stop()
     assert paired.rounds, paired.admission()
-    _instances_info(benchmark, paired, groups(), inst, workload, instances, code)
+    ttft = groups(lambda t: t.first) if len(lens) == 1 else []
+    _instances_info(benchmark, paired, groups(), inst, workload, instances, code, ttft)
 
 
 def _instances_info(benchmark, paired: Paired, per_instance: list, inst: _Instances, workload: str, instances: int,
-                    code: str) -> None:
+                    code: str, per_instance_ttft: list) -> None:
     subject, reference = inst.names
     total = lambda t: t.total
     ratios = paired.ratios(subject, reference, total)
@@ -436,20 +453,26 @@ def _instances_info(benchmark, paired: Paired, per_instance: list, inst: _Instan
             **paired.admission(), **{f"latency_s[{a}]": summary(paired.values(a, total)) for a in inst.names},
             key: {**_ratio_info(ratios),
                   "nested_bootstrap_ci95_of_median": [round(x, 4) for x in nested] if nested else None},
-            "instance_median_ratios": [round(statistics.median(g), 4) for g in per_instance if g]}
+            "instance_median_ratios": [round(statistics.median(g), 4) for g in per_instance if g],
+            "instance_median_ttft_ratios": [round(statistics.median(g), 4) for g in per_instance_ttft if g],
+            "start_order": "alternating per instance pair: even pairs start the subject first, odd the reference"}
     if LEDGER:
-        info["ledger"] = {"path": LEDGER, "harness": HARNESS,
-                          **pairs_ledger.pooled(LEDGER, code=code, workload=inst.ledger, harness=HARNESS)}
+        info["ledger"] = {"path": LEDGER, "harness": LEDGER_HARNESS,
+                          **pairs_ledger.pooled(LEDGER, code=code, workload=inst.ledger, harness=LEDGER_HARNESS)}
     benchmark.extra_info.update(info)
     print(f"\n[{subject} vs {reference}, {instances} instance pairs] {workload}: {info[key]}; "
           f"per instance {info['instance_median_ratios']}" + (f"\n[ledger] {inst.ledger}: {info['ledger']}" if LEDGER
                                                               else ""))
 
 
-def _ledger_append(code: str, workload: str, instance: str, ratios: list[float]) -> None:
-    """One finished instance pair into the resumable ledger (perf/pairs_ledger.py), then the pooled interval."""
-    pairs_ledger.append(LEDGER, {"code": code, "workload": workload, "instance": instance,
-                                 "ratios": [round(r, 6) for r in ratios], "model": "long", "decode_tokens": 128,
-                                 "harness": HARNESS})
-    print(f"\n[ledger] {workload}: {pairs_ledger.pooled(LEDGER, code=code, workload=workload, harness=HARNESS)}",
-          flush=True)
+def _ledger_append(code: str, workload: str, instance: str, ratios: list[float], *, ttft: list[float] | None,
+                   start_order: str) -> None:
+    """One finished instance pair into the resumable ledger (perf/pairs_ledger.py), then the pooled interval. The
+    ratios are of the whole request (submit -> last token); `ttft_ratios`, of the time to first token."""
+    rec = {"code": code, "workload": workload, "instance": instance, "ratios": [round(r, 6) for r in ratios],
+           "model": "long", "decode_tokens": 128, "harness": LEDGER_HARNESS, "start_order": start_order}
+    if ttft:
+        rec["ttft_ratios"] = [round(r, 6) for r in ttft]
+    pairs_ledger.append(LEDGER, rec)
+    print(f"\n[ledger] {workload}: "
+          f"{pairs_ledger.pooled(LEDGER, code=code, workload=workload, harness=LEDGER_HARNESS)}", flush=True)
