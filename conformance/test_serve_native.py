@@ -27,9 +27,9 @@ def _exposing_trial(srv) -> tuple:
 
     Why more than one: the checker excuses the one write the server may hold in user space at the accept. If the
     old version's whole pile-up was merged into that write before the accept (the old version finished while
-    the client was stalled and a kernel window update let the server's pending write complete, which a VM pause
-    of several seconds makes likely), the trial cannot tell the policies apart: it counts 0 under either. That
-    happened once in CI (`tokens_before_accept=20`, 0 counted). A checker blind to obsolete tokens counts 0 in
+    the client was stalled and a kernel window update let the server's pending write complete, which a test process
+    starved for seconds made likely: `conformance/fixtures/servers.py`), the trial cannot tell the policies apart:
+    it counts 0 under either. That happened once in CI (`tokens_before_accept=20`, 0 counted). A checker blind to obsolete tokens counts 0 in
     every trial, so this control still fails for it; each trial's 0 is reported."""
     seen = []
     for i in range(TRIALS):

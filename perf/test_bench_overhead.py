@@ -72,9 +72,8 @@ async def _retire_batch(eng, prompts, tag: str) -> Timed:
     total = time.monotonic() - t0
     # from t0, as the stock arm's (collect's own clock starts after the submit; before 2026-12-02 this figure
     # left the submit out, which favoured retire in every retire/stock TTFT ratio)
-    first = submitted + runs[0].timings["first_frame"] if len(runs) == 1 and runs[0].timings.get("first_frame") \
-        is not None else None
-    return Timed(runs, total, first)
+    ff = runs[0].timings.get("first_frame") if len(runs) == 1 else None
+    return Timed(runs, total, None if ff is None else submitted + ff)
 
 
 async def _stock_batch(stock, prompts) -> Timed:
@@ -256,6 +255,11 @@ def test_bench_no_revision_vs_stock_vllm(benchmark, facades, pool, workload):
     print(f"\n[vs stock] {workload}: {info['cost_ratio[retire/stock]']}")
 
 
+def _stock_arms(b, a) -> dict:
+    """The A/A arms: stock engine instance `b` ("stock-B", the subject) and `a` ("stock-A", the reference)."""
+    return {"stock-B": lambda prompts: _stock_batch(b, prompts), "stock-A": lambda prompts: _stock_batch(a, prompts)}
+
+
 @pytest.mark.parametrize("workload", ["1K-c1", "4K-c1"])
 def test_bench_stock_vs_stock_instance_control(benchmark, facades, pool, workload):
     """A/A control for the retire-vs-stock comparison: a SECOND stock engine instance with the same shape, paired with
@@ -271,8 +275,7 @@ def test_bench_stock_vs_stock_instance_control(benchmark, facades, pool, workloa
     arms = ("stock-B", "stock-A")
     paired = Paired(arms)
     lens = WORKLOADS[workload]
-    batches = {"stock-B": lambda prompts: _stock_batch(second, prompts),
-               "stock-A": lambda prompts: _stock_batch(stock, prompts)}
+    batches = _stock_arms(second, stock)
 
     async def pair(i: int, record: bool = True):
         res = await _paired_round(batches, lens, i, paired.order(i), subject="stock-B", reference="stock-A", seed=5000)
@@ -358,9 +361,7 @@ def _stock_stock_instances(pool, lens: list[int], workload: str) -> _Instances:
             pool.stop_oracle(e)
 
     def round_(e, i, order, tag):
-        arms = {"stock-B": lambda prompts: _stock_batch(e[0], prompts),
-                "stock-A": lambda prompts: _stock_batch(e[1], prompts)}
-        return _paired_round(arms, lens, i, order, subject="stock-B", reference="stock-A")
+        return _paired_round(_stock_arms(*e), lens, i, order, subject="stock-B", reference="stock-A")
 
     return _Instances(("stock-B", "stock-A"), start, round_, stop, f"{workload}/stock-stock",
                       "A/A control over several fresh pairs of stock vLLM instances (no retire)")
