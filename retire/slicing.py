@@ -171,9 +171,11 @@ class AttentionSlicer:
         return self._plans[key]
 
 
-def selfcheck(wk, info: dict, dtype, tile: int, n_slices: int = 8, seed: int = 0) -> dict:
+def selfcheck(wk, info: dict, dtype, tile: int, n_slices: int = 8, seed: int = 0, *, alter=None) -> dict:
     """Run the kernel unsliced and sliced on random data of this model's attention shape (two requests, one with a
-    cached context); `exact` iff every output element is equal. Reports the largest difference otherwise."""
+    cached context); `exact` iff every output element is equal. Reports the largest difference otherwise (inf where
+    the sliced run left a row unwritten). `alter(slices, query) -> (slices, query)` is a test seam: a negative
+    control changes the sliced run only (drops a slice, moves one query element by one ulp) and must be reported."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
@@ -197,8 +199,11 @@ def selfcheck(wk, info: dict, dtype, tile: int, n_slices: int = 8, seed: int = 0
     parsed = wk.parse_schedule(sched)
     sliced = torch.full_like(q, float("nan"))
     slices = plan(parsed, qsl.tolist(), seqs, tile, n_slices)
+    qs = q
+    if alter is not None:
+        slices, qs = alter(slices, q.clone())
     for j, s in enumerate(slices):
-        wk.run_kernel(q, kc, vc, sliced, qsl, sl, table, hd ** -0.5, wk.build_schedule(parsed, s, j == 0))
+        wk.run_kernel(qs, kc, vc, sliced, qsl, sl, table, hd ** -0.5, wk.build_schedule(parsed, s, j == 0))
     exact = bool(torch.equal(full, sliced))
     diff = (full.float() - sliced.float()).abs().nan_to_num(float("inf")).max().item()
     return {"exact": exact, "slices": len(slices), "max_abs_diff": diff,
