@@ -8,10 +8,13 @@ pairs accumulate across runs and sessions.
 Invariants:
 - One JSON line per finished instance pair, appended and flushed when its last round ends: an interrupted run keeps
   every instance it finished and loses at most the one it was in.
-- Each line names the code it measured (`code_digest`: the product's source files, the vLLM and torch versions) and
-  the workload and the timing harness. Only lines of the CURRENT digest, the requested workload and the same harness
-  are pooled; any change to `retire/`, the engine or the harness starts a new series (the old lines stay in the file,
-  counted as `other_code_lines`).
+- Each line names the code it measured (`code_digest`: the product's source files, the vLLM and torch versions), the
+  workload, the timing harness and the machine class (`host_class`: CPU model, the ISA features that pick vLLM's CPU
+  kernels, CPU count). Only lines of the CURRENT digest, the requested workload, the same harness
+  and the same machine class are pooled; any change to `retire/`, the engine, the harness or the machine starts a new
+  series (the old lines stay in the file, counted as `other_code_lines`). Machine classes differ by several times in
+  bf16 speed (emulated without AVX512-BF16/AMX), so a fixed per-step cost is a different fraction of a request on
+  each: their pairs never pool.
 - A line that is not a well-formed record is an error naming its line number, never skipped silently.
 """
 from __future__ import annotations
@@ -40,6 +43,25 @@ def code_digest(root: Path | None = None) -> str:
     return h.hexdigest()[:16]
 
 
+def host_class() -> str:
+    """The machine class of this run: CPU model name, which of AMX / AVX512-BF16 / AVX512 the CPU has (they choose
+    vLLM's CPU attention ISA and whether bf16 is computed in hardware) and the CPU count."""
+    import platform
+
+    import torch
+
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), name)
+    except OSError:
+        pass
+    isa = [n for n, have in (("amx", torch.cpu._is_amx_tile_supported()),
+                             ("avx512_bf16", torch.cpu._is_avx512_bf16_supported()),
+                             ("avx512", torch.cpu._is_avx512_supported())) if have]
+    return f"{name} | {'+'.join(isa) or 'no-avx512'} | {os.cpu_count()} cpu"
+
+
 def append(path: str | os.PathLike, record: dict) -> None:
     missing = [f for f in FIELDS if f not in record]
     if missing:
@@ -51,9 +73,11 @@ def append(path: str | os.PathLike, record: dict) -> None:
         os.fsync(f.fileno())
 
 
-def load(path: str | os.PathLike, *, code: str, workload: str, harness: str = "") -> tuple[list[list[float]], int]:
-    """(ratio groups of the lines with this code digest, workload and harness, number of lines of other code or
-    another harness: a line without `harness` was measured without the quiescence barrier, perf/quiesce.py)."""
+def load(path: str | os.PathLike, *, code: str, workload: str, harness: str = "",
+         host: str | None = None) -> tuple[list[list[float]], int]:
+    """(ratio groups of the lines with this code digest, workload, harness and machine class, number of lines of
+    other code, another harness or another machine: a line without `harness` was measured without the quiescence
+    barrier, perf/quiesce.py; a line without `host` predates the machine class and pools only when `host` is None)."""
     groups, other = [], 0
     if not Path(path).exists():
         return groups, other
@@ -69,7 +93,7 @@ def load(path: str | os.PathLike, *, code: str, workload: str, harness: str = ""
             raise ValueError(f"{path}:{n}: not a ledger record (needs {FIELDS}): {line[:120]!r}")
         if rec["workload"] != workload:
             continue
-        if rec["code"] != code or rec.get("harness", "") != harness:
+        if rec["code"] != code or rec.get("harness", "") != harness or rec.get("host") != host:
             other += 1
             continue
         groups.append([float(x) for x in rec["ratios"]])
@@ -92,7 +116,7 @@ def interval(groups: list[list[float]], *, other_code: int = 0) -> dict:
     return out
 
 
-def pooled(path: str | os.PathLike, *, code: str, workload: str, harness: str = "") -> dict:
-    """`interval` over the ledger's lines of this code digest, workload and harness."""
-    groups, other = load(path, code=code, workload=workload, harness=harness)
+def pooled(path: str | os.PathLike, *, code: str, workload: str, harness: str = "", host: str | None = None) -> dict:
+    """`interval` over the ledger's lines of this code digest, workload, harness and machine class."""
+    groups, other = load(path, code=code, workload=workload, harness=harness, host=host)
     return interval(groups, other_code=other)

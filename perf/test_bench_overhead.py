@@ -402,6 +402,7 @@ def _across_instances(benchmark, pool, workload: str, inst: _Instances, instance
     instance_of: list[int] = []  # instance index of each admitted round
     session = time.strftime("%Y%m%dT%H%M%S")
     code = pairs_ledger.code_digest() if LEDGER else ""  # the code measured, read once before the first pair
+    host = pairs_ledger.host_class() if LEDGER else None  # and the machine class: pairs pool only within one
     total = lambda t: t.total
 
     def groups(metric=total) -> list[list[float]]:
@@ -430,7 +431,7 @@ def _across_instances(benchmark, pool, workload: str, inst: _Instances, instance
             instance_of.append(live["k"])
         if LEDGER and i % PAIRS_PER_INSTANCE == PAIRS_PER_INSTANCE - 1 and (mine := groups()[live["k"]]):
             ttft = groups(lambda t: t.first)[live["k"]] if len(lens) == 1 else None  # prefill, apart from decode
-            _ledger_append(code, inst.ledger, f"{session}-{live['k']}", mine, ttft=ttft,
+            _ledger_append(code, host, inst.ledger, f"{session}-{live['k']}", mine, ttft=ttft,
                            start_order="reference-first" if live["k"] % 2 else "subject-first")
 
     try:
@@ -439,11 +440,11 @@ def _across_instances(benchmark, pool, workload: str, inst: _Instances, instance
         stop()
     assert paired.rounds, paired.admission()
     ttft = groups(lambda t: t.first) if len(lens) == 1 else []
-    _instances_info(benchmark, paired, groups(), inst, workload, instances, code, ttft)
+    _instances_info(benchmark, paired, groups(), inst, workload, instances, code, host, ttft)
 
 
 def _instances_info(benchmark, paired: Paired, per_instance: list, inst: _Instances, workload: str, instances: int,
-                    code: str, per_instance_ttft: list) -> None:
+                    code: str, host: str | None, per_instance_ttft: list) -> None:
     subject, reference = inst.names
     total = lambda t: t.total
     ratios = paired.ratios(subject, reference, total)
@@ -458,22 +459,24 @@ def _instances_info(benchmark, paired: Paired, per_instance: list, inst: _Instan
             "instance_median_ttft_ratios": [round(statistics.median(g), 4) for g in per_instance_ttft if g],
             "start_order": "alternating per instance pair: even pairs start the subject first, odd the reference"}
     if LEDGER:
-        info["ledger"] = {"path": LEDGER, "harness": LEDGER_HARNESS,
-                          **pairs_ledger.pooled(LEDGER, code=code, workload=inst.ledger, harness=LEDGER_HARNESS)}
+        info["ledger"] = {"path": LEDGER, "harness": LEDGER_HARNESS, "host": host,
+                          **pairs_ledger.pooled(LEDGER, code=code, workload=inst.ledger, harness=LEDGER_HARNESS,
+                                                host=host)}
     benchmark.extra_info.update(info)
     print(f"\n[{subject} vs {reference}, {instances} instance pairs] {workload}: {info[key]}; "
           f"per instance {info['instance_median_ratios']}" + (f"\n[ledger] {inst.ledger}: {info['ledger']}" if LEDGER
                                                               else ""))
 
 
-def _ledger_append(code: str, workload: str, instance: str, ratios: list[float], *, ttft: list[float] | None,
-                   start_order: str) -> None:
+def _ledger_append(code: str, host: str | None, workload: str, instance: str, ratios: list[float], *,
+                   ttft: list[float] | None, start_order: str) -> None:
     """One finished instance pair into the resumable ledger (perf/pairs_ledger.py), then the pooled interval. The
     ratios are of the whole request (submit -> last token); `ttft_ratios`, of the time to first token."""
     rec = {"code": code, "workload": workload, "instance": instance, "ratios": [round(r, 6) for r in ratios],
-           "model": "long", "decode_tokens": 128, "harness": LEDGER_HARNESS, "start_order": start_order}
+           "model": "long", "decode_tokens": 128, "harness": LEDGER_HARNESS, "host": host, "start_order": start_order}
     if ttft:
         rec["ttft_ratios"] = [round(r, 6) for r in ttft]
     pairs_ledger.append(LEDGER, rec)
     print(f"\n[ledger] {workload}: "
-          f"{pairs_ledger.pooled(LEDGER, code=code, workload=workload, harness=LEDGER_HARNESS)}", flush=True)
+          f"{pairs_ledger.pooled(LEDGER, code=code, workload=workload, harness=LEDGER_HARNESS, host=host)}",
+          flush=True)

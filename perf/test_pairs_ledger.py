@@ -1,6 +1,7 @@
 """The resumable no-revision ledger (perf/pairs_ledger.py), engine-free: it runs in the default suite.
 
-Invariants checked: lines accumulate across runs and pool only with the current code digest and workload; a change
+Invariants checked: lines accumulate across runs and pool only with the current code digest, workload, harness and
+machine class; a change
 to any product source file changes the digest (so a stale series never pools with a new one: the negative control
 edits one file); a malformed line is an error naming its line; the pairs-needed estimate follows 1/sqrt(pairs)."""
 from __future__ import annotations
@@ -77,3 +78,24 @@ def test_the_ledger_file_is_one_json_object_per_line(tmp_path):
     pl.append(path, _rec("aaaa", [1.0]))
     pl.append(path, _rec("aaaa", [1.1], instance="s-1"))
     assert [json.loads(x)["instance"] for x in path.read_text().splitlines()] == ["s-0", "s-1"]
+
+
+def test_pairs_of_another_machine_class_never_pool(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    here = pl.host_class()
+    pl.append(path, dict(_rec("aaaa", [1.0, 1.01]), host=here))
+    pl.append(path, dict(_rec("aaaa", [1.5, 1.6], instance="s-1"), host="Other CPU | amx+avx512 | 2 cpu"))
+    pl.append(path, _rec("aaaa", [1.3], instance="s-2"))  # a line from before the machine class was recorded
+    assert pl.load(path, code="aaaa", workload="1K-c1", host=here) == ([[1.0, 1.01]], 2)
+    assert pl.load(path, code="aaaa", workload="1K-c1") == ([[1.3]], 2)  # only the unlabelled line
+
+
+def test_the_machine_class_names_the_cpu_and_its_bf16_features():
+    import os
+
+    import torch
+
+    a = pl.host_class()
+    assert a == pl.host_class() and a.endswith(f"| {os.cpu_count()} cpu")
+    assert ("amx" in a) == torch.cpu._is_amx_tile_supported()
+    assert ("avx512_bf16" in a) == torch.cpu._is_avx512_bf16_supported()
