@@ -24,6 +24,7 @@ interval of the median ratio (2000 resamples, seed 0). Nothing is asserted about
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import statistics
 import time
@@ -35,7 +36,7 @@ from vllm import SamplingParams
 
 from conformance.fixtures.prompts import repo_prompt
 from oracles import collect, compare_logprobs_close, compare_tokens
-from perf import pairs_ledger
+from perf import pairs_ledger, pinning
 from perf.quiesce import HARNESS, quiesce
 from perf.common import DEFAULT_SLICES, FINE_SLICES, Paired, bootstrap_ci, bootstrap_ci_nested, summary
 from retire.trials import reset_prefix_cache
@@ -309,8 +310,9 @@ LEDGER = os.environ.get("RETIRE_PAIRS_LEDGER", "")
 PAIRS_PER_INSTANCE = 6
 # the ledger's harness label: the quiescence barrier, and the start order alternating per instance pair (odd pairs
 # start the reference engine first), which the series of 2026-12-02 ("quiesce-1") did not do: there the subject
-# always started first, and both the retire/stock and the A/A instance medians climbed within each run
-LEDGER_HARNESS = f"{HARNESS}/alt-start" if HARNESS else "alt-start"
+# always started first, and both the retire/stock and the A/A instance medians climbed within each run; and, from
+# 2026-12-03, the frontend and EngineCores kept off the workers' core while an instance pair runs (perf/pinning.py)
+LEDGER_HARNESS = "/".join(x for x in (HARNESS, "alt-start", pinning.HARNESS) if x)
 
 
 @dataclass(frozen=True)
@@ -411,6 +413,8 @@ def _across_instances(benchmark, pool, workload: str, inst: _Instances, instance
         return [[r for r, k in zip(ratios, instance_of) if k == j] for j in range(instances)]
 
     def stop() -> None:
+        if (placed := live.pop("pinned", None)) is not None:
+            placed.close()  # before the next pair starts: its workers pick their cores from the whole machine
         engs = live.pop("engs", None)
         if engs is not None:
             inst.stop(engs)
@@ -422,6 +426,8 @@ def _across_instances(benchmark, pool, workload: str, inst: _Instances, instance
             stop()
             print(f"\n[instances] {inst.ledger}: starting engine pair {k + 1}/{instances}", flush=True)
             live["engs"], live["k"] = inst.start(k % 2 == 1), k
+            live["pinned"] = contextlib.ExitStack()
+            live["pinned"].enter_context(pinning.pinned())
             run(inst.round(live["engs"], -1 - k, list(inst.names), f"x{workload}-w{k}"))  # untimed warm-up pair
         return args, kwargs
 
