@@ -27,8 +27,9 @@ bench: models
 
 # issue 14 section 5, resumable: INSTANCES more fresh (retire, stock) engine pairs (6 rounds each) appended to
 # results/no-revision-pairs.jsonl, then AA_INSTANCES fresh (stock, stock) pairs, the A/A control of the same design
-# (0 skips it); each nested 95% interval is computed over every line of the current code, its arms and its harness
-# (perf/pairs_ledger.py; the start order alternates per pair: LEDGER_HARNESS in perf/test_bench_overhead.py).
+# (0 skips it); each nested 95% interval is computed over every line of the current code, its arms, its harness and
+# this machine's class (perf/pairs_ledger.py; the start order alternates per pair: LEDGER_HARNESS in
+# perf/test_bench_overhead.py; RETIRE_PIN=1 adds the CPU placement of perf/pinning.py, a series of its own).
 # Run it again to add pairs; Ctrl-C keeps every finished instance. Needs an idle machine.
 INSTANCES ?= 20
 AA_INSTANCES ?= 10
