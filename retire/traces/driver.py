@@ -268,41 +268,27 @@ async def set_quantum(eng, tokens: int | None) -> int:
     return await eng.backend.sched("set_step_tokens", {"tokens": tokens})
 
 
-async def run_arm(eng, arm: str, plans: Sequence[VersionPlan], prompt_of: PromptOf, w: Workload, *,
-                  label: str = "", quantum: int | QuantumSelector | None = None, ideal: bool = False,
-                  reset_cache: bool = True) -> ArmResult:
-    """Replay `plans` on facade `eng` (its policy is the arm's). `ideal=True` runs only the final versions, each as a
-    fresh scope submitted at its arrival time. `quantum` sets the engine's step-token budget for the arm (an int) or
-    lets a `QuantumSelector` set it at every arrival; it is restored to the engine default afterwards."""
-    from ..faults import SlowConsumer
-    from ..trials.observe import ConsumerClock
+class _Replay:
+    """One arm's replay in progress: the version records, the consumers it started, the quanta it set, the clock."""
 
-    sp = w.sampling()
-    if reset_cache:
-        await eng.backend.reset_prefix_cache()
-    sel = quantum if isinstance(quantum, QuantumSelector) else None
-    quanta: list = []
-    if isinstance(quantum, int):
-        quanta.append((0.0, await set_quantum(eng, quantum)))
-    elif sel is not None:
-        quanta.append((0.0, await set_quantum(eng, sel.large)))
-    todo = [p for p in plans if p.final] if ideal else list(plans)
-    # one facade scope per trace scope (every version shares its key); the ideal arm: one fresh scope per final version
-    recs = {(p.scope, p.epoch): VersionRecord(p, f"{label}{arm}.{p.scope}" + ("#final" if ideal else ""),
-                                              list(prompt_of(p.index, p.epoch))) for p in todo}
-    arrivals_trace = sorted(p.t * w.time_scale for p in plans if p.epoch > 0)
-    n_scopes = len({p.scope for p in plans})
-    consumers: list[asyncio.Task] = []
-    before = eng.stats()["obsolete_tokens_published"]
-    clock = ConsumerClock()
-    t0 = now() + 0.05
+    def __init__(self, eng, w: Workload, sp, recs: dict, plans: Sequence[VersionPlan], *, ideal: bool,
+                 sel: "QuantumSelector | None", quanta: list):
+        from ..trials.observe import ConsumerClock
 
-    async def consume(r: VersionRecord) -> None:
-        key, ep = r.key, (0 if ideal else r.plan.epoch)
-        async for f in eng.stream(key, ep):
+        self.eng, self.w, self.sp, self.recs, self.ideal, self.sel, self.quanta = eng, w, sp, recs, ideal, sel, quanta
+        self.arrivals_trace = sorted(p.t * w.time_scale for p in plans if p.epoch > 0)
+        self.n_scopes = len({p.scope for p in plans})
+        self.consumers: list[asyncio.Task] = []
+        self.before = eng.stats()["obsolete_tokens_published"]
+        self.clock = ConsumerClock()
+        self.t0 = now() + 0.05
+
+    async def consume(self, r: VersionRecord) -> None:
+        """Receive every frame of `r`; a token is obsolete when it arrived after the SUPERSEDE of its version."""
+        async for f in self.eng.stream(r.key, 0 if self.ideal else r.plan.epoch):
             t = now()
             if f.token_ids:
-                if r.superseded is not None and clock.now() > r.superseded:  # received after the call
+                if r.superseded is not None and self.clock.now() > r.superseded:  # received after the call
                     r.obsolete_tokens += len(f.token_ids)
                 else:
                     r.current_tokens += len(f.token_ids)
@@ -315,29 +301,72 @@ async def run_arm(eng, arm: str, plans: Sequence[VersionPlan], prompt_of: Prompt
             if f.finished and not f.revoked:
                 r.finished, r.t_last = True, t
 
-    async def scope_task(vs: list[VersionPlan]) -> None:
-        for p in vs:
-            r = recs[(p.scope, p.epoch)]
-            delay = t0 + p.t - now()
-            if delay > 0:
-                await asyncio.sleep(delay)  # the trace's clock: the arrival time IS the workload
-            if sel is not None and p.epoch > 0:
-                q = sel.choose(sel.observed_rate(arrivals_trace, p.t * w.time_scale, n_scopes))
-                if q != quanta[-1][1]:
-                    quanta.append((round(now() - t0, 4), await set_quantum(eng, q)))
-            r.t_call = now()
-            r.lag = r.t_call - (t0 + p.t)
-            if ideal or p.epoch == 0:
-                await eng.submit(r.key, r.prompt, sp)
-            else:
-                prev = recs[(p.scope, p.epoch - 1)]
-                prev.superseded = clock.mark(f"supersede:{r.key}:{p.epoch - 1}")
-                tr = await eng.supersede(r.key, p.epoch - 1, r.prompt, sp)
-                r.transition = tr
-                prev.t_revoked = tr.t_call + _advance(tr)
-            r.internal_id = eng.internal_id(r.key, 0 if ideal else p.epoch)
-            consumers.append(asyncio.ensure_future(consume(r)))
+    async def arrive(self, p: VersionPlan) -> None:
+        """Issue version `p` at its arrival time (submit, or SUPERSEDE of its predecessor) and start its consumer."""
+        eng, r = self.eng, self.recs[(p.scope, p.epoch)]
+        delay = self.t0 + p.t - now()
+        if delay > 0:
+            await asyncio.sleep(delay)  # the trace's clock: the arrival time IS the workload
+        if self.sel is not None and p.epoch > 0:
+            q = self.sel.choose(self.sel.observed_rate(self.arrivals_trace, p.t * self.w.time_scale, self.n_scopes))
+            if q != self.quanta[-1][1]:
+                self.quanta.append((round(now() - self.t0, 4), await set_quantum(eng, q)))
+        r.t_call = now()
+        r.lag = r.t_call - (self.t0 + p.t)
+        if self.ideal or p.epoch == 0:
+            await eng.submit(r.key, r.prompt, self.sp)
+        else:
+            prev = self.recs[(p.scope, p.epoch - 1)]
+            prev.superseded = self.clock.mark(f"supersede:{r.key}:{p.epoch - 1}")
+            tr = await eng.supersede(r.key, p.epoch - 1, r.prompt, self.sp)
+            r.transition = tr
+            prev.t_revoked = tr.t_call + _advance(tr)
+        r.internal_id = eng.internal_id(r.key, 0 if self.ideal else p.epoch)
+        self.consumers.append(asyncio.ensure_future(self.consume(r)))
 
+    async def scope_task(self, vs: list[VersionPlan]) -> None:
+        for p in sorted(vs, key=lambda v: v.epoch):  # a scope's SUPERSEDEs go in epoch order (compare-and-swap)
+            await self.arrive(p)
+
+    async def finish(self) -> float:
+        """Wait for the consumers up to the cleanup limit (cancel the rest); the time of the last arrival."""
+        t_last_arrival = now()
+        pending = [c for c in self.consumers if not c.done()]
+        if pending:
+            _, pending = await asyncio.wait(pending, timeout=self.w.cleanup_limit_s)
+        for c in pending:  # past the cleanup limit: stop consuming; drain() consumes the rest unrecorded
+            c.cancel()
+        await asyncio.gather(*self.consumers, return_exceptions=True)
+        return t_last_arrival
+
+
+async def _first_quantum(eng, quantum) -> list:
+    """The arm's quanta log, started with the budget `quantum` sets first (none for the engine default)."""
+    if isinstance(quantum, int):
+        return [(0.0, await set_quantum(eng, quantum))]
+    if isinstance(quantum, QuantumSelector):
+        return [(0.0, await set_quantum(eng, quantum.large))]
+    return []
+
+
+async def run_arm(eng, arm: str, plans: Sequence[VersionPlan], prompt_of: PromptOf, w: Workload, *,
+                  label: str = "", quantum: int | QuantumSelector | None = None, ideal: bool = False,
+                  reset_cache: bool = True) -> ArmResult:
+    """Replay `plans` on facade `eng` (its policy is the arm's). `ideal=True` runs only the final versions, each as a
+    fresh scope submitted at its arrival time. `quantum` sets the engine's step-token budget for the arm (an int) or
+    lets a `QuantumSelector` set it at every arrival; it is restored to the engine default afterwards."""
+    from ..faults import SlowConsumer
+
+    sp = w.sampling()
+    if reset_cache:
+        await eng.backend.reset_prefix_cache()
+    quanta = await _first_quantum(eng, quantum)
+    todo = [p for p in plans if p.final] if ideal else list(plans)
+    # one facade scope per trace scope (every version shares its key); the ideal arm: one fresh scope per final version
+    recs = {(p.scope, p.epoch): VersionRecord(p, f"{label}{arm}.{p.scope}" + ("#final" if ideal else ""),
+                                              list(prompt_of(p.index, p.epoch))) for p in todo}
+    rp = _Replay(eng, w, sp, recs, plans, ideal=ideal, quanta=quanta,
+                 sel=quantum if isinstance(quantum, QuantumSelector) else None)
     by_scope: dict[str, list[VersionPlan]] = {}
     for p in todo:
         by_scope.setdefault(p.scope, []).append(p)
@@ -345,14 +374,8 @@ async def run_arm(eng, arm: str, plans: Sequence[VersionPlan], prompt_of: Prompt
     try:
         if fault is not None:
             await fault.inject(eng)
-        await asyncio.gather(*(scope_task(sorted(vs, key=lambda v: v.epoch)) for vs in by_scope.values()))
-        t_last_arrival = now()
-        pending = [c for c in consumers if not c.done()]
-        if pending:
-            _, pending = await asyncio.wait(pending, timeout=w.cleanup_limit_s)
-        for c in pending:  # past the cleanup limit: stop consuming; drain() below consumes the rest unrecorded
-            c.cancel()
-        await asyncio.gather(*consumers, return_exceptions=True)
+        await asyncio.gather(*(rp.scope_task(vs) for vs in by_scope.values()))
+        t_last_arrival = await rp.finish()
     finally:
         if fault is not None and fault.injected:
             await fault.heal()
@@ -362,8 +385,8 @@ async def run_arm(eng, arm: str, plans: Sequence[VersionPlan], prompt_of: Prompt
     closed = await eng.backend.sched("closed_at", {"req_ids": ids})
     for r in recs.values():
         r.t_closed = closed.get(r.internal_id)
-    res = ArmResult(arm, w, t0, t_last_arrival, sorted(recs.values(), key=lambda r: (r.plan.t, r.plan.scope)),
-                    eng.stats()["obsolete_tokens_published"] - before, quanta)
+    res = ArmResult(arm, w, rp.t0, t_last_arrival, sorted(recs.values(), key=lambda r: (r.plan.t, r.plan.scope)),
+                    eng.stats()["obsolete_tokens_published"] - rp.before, quanta)
     await eng.drain()
     return res
 
