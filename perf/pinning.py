@@ -70,10 +70,13 @@ def _set(tid: int, cores) -> list[int] | None:
 @contextlib.contextmanager
 def pinned() -> Iterator[list[int]]:
     """Bind this process and its non-worker descendants off the workers' cores; yields the cores used ([] if none)."""
+    if not ENABLED:
+        yield []
+        return
     procs = _procs()
     every = set(range(psutil.cpu_count()))
     free = sorted(every - worker_cores(procs))
-    if not ENABLED or not free or len(free) == len(every):
+    if not free or len(free) == len(every):
         yield []
         return
     saved: list[tuple[int, list[int]]] = []  # (thread id, former affinity), this process's threads first
