@@ -8,11 +8,16 @@ pairs accumulate across runs and sessions.
 Invariants:
 - One JSON line per finished instance pair, appended and flushed when its last round ends: an interrupted run keeps
   every instance it finished and loses at most the one it was in.
-- Each line names the code it measured (`code_digest`: the product's source files, the vLLM and torch versions), the
-  workload, the timing harness and the machine class (`host_class`: CPU model, the ISA features that pick vLLM's CPU
-  kernels, CPU count). Only lines of the CURRENT digest, the requested workload, the same harness
-  and the same machine class are pooled; any change to `retire/`, the engine, the harness or the machine starts a new
-  series (the old lines stay in the file, counted as `other_code_lines`). Machine classes differ by several times in
+- Each line names the code it measured (`served`: the digest of the `retire` modules the measurement can import,
+  perf/served_code.py, with the vLLM and torch versions; `code`: the digest of all of `retire/`), the workload, the
+  timing harness and the machine class (`host_class`: CPU model, the ISA features that pick vLLM's CPU kernels, CPU
+  count). Only lines of the CURRENT served digest, the requested workload, the same harness and the same machine
+  class are pooled; any change to a measured module, the engine, the harness or the machine starts a new series (the
+  old lines stay in the file, counted as `other_code_lines`). An edit to a module the measurement cannot import
+  (the replay driver, the HTTP server) does not.
+- A line written before the served digest existed carries only `code`; it pools through `CODE_MAP`
+  (results/no-revision-code-map.json), whose entries `map_commits` computes from the commit's own tree: its full
+  digest, recomputed, must equal the line's `code`, so an entry cannot attach a line to code it did not measure. Machine classes differ by several times in
   bf16 speed (emulated without AVX512-BF16/AMX), so a fixed per-step cost is a different fraction of a request on
   each: their pairs never pool.
 - A line that is not a well-formed record is an error naming its line number, never skipped silently.
@@ -29,6 +34,8 @@ from perf.common import bootstrap_ci_nested
 
 FIELDS = ("code", "workload", "instance", "ratios")
 TARGET_WIDTH = 0.02
+TREE = ("retire", "perf", "conformance", "oracles", "conftest.py", "pyproject.toml")  # what the digests read
+CODE_MAP = Path(__file__).resolve().parent.parent / "results" / "no-revision-code-map.json"
 
 
 def code_digest(root: Path | None = None) -> str:
@@ -62,6 +69,24 @@ def host_class() -> str:
     return f"{name} | {'+'.join(isa) or 'no-avx512'} | {os.cpu_count()} cpu"
 
 
+def served_digest(root: Path | None = None) -> str:
+    """The digest of the measured `retire` modules (perf/served_code.py) under the repository `root`."""
+    from perf import served_code
+
+    return served_code.served_digest(root or served_code.ROOT)
+
+
+def code_map(path: str | os.PathLike = CODE_MAP) -> dict[str, str]:
+    """full `code` digest -> served digest, for lines written before `served` was recorded."""
+    if not Path(path).exists():
+        return {}
+    return {full: e["served"] for full, e in json.loads(Path(path).read_text()).items()}
+
+
+def _served_of(rec: dict, mapping: dict[str, str]) -> str | None:
+    return rec.get("served") or mapping.get(rec["code"])
+
+
 def append(path: str | os.PathLike, record: dict) -> None:
     missing = [f for f in FIELDS if f not in record]
     if missing:
@@ -74,10 +99,12 @@ def append(path: str | os.PathLike, record: dict) -> None:
 
 
 def load(path: str | os.PathLike, *, code: str, workload: str, harness: str = "",
-         host: str | None = None) -> tuple[list[list[float]], int]:
-    """(ratio groups of the lines with this code digest, workload, harness and machine class, number of lines of
-    other code, another harness or another machine: a line without `harness` was measured without the quiescence
-    barrier, perf/quiesce.py; a line without `host` predates the machine class and pools only when `host` is None)."""
+         host: str | None = None, mapping: dict[str, str] | None = None) -> tuple[list[list[float]], int]:
+    """(ratio groups of the lines of this served digest `code`, workload, harness and machine class, number of lines
+    of other code, another harness or another machine: a line without `harness` was measured without the quiescence
+    barrier, perf/quiesce.py; a line without `host` predates the machine class and pools only when `host` is None; a
+    line without `served` pools through `mapping`, by default the committed CODE_MAP)."""
+    mapping = code_map() if mapping is None else mapping
     groups, other = [], 0
     if not Path(path).exists():
         return groups, other
@@ -93,7 +120,7 @@ def load(path: str | os.PathLike, *, code: str, workload: str, harness: str = ""
             raise ValueError(f"{path}:{n}: not a ledger record (needs {FIELDS}): {line[:120]!r}")
         if rec["workload"] != workload:
             continue
-        if rec["code"] != code or rec.get("harness", "") != harness or rec.get("host") != host:
+        if _served_of(rec, mapping) != code or rec.get("harness", "") != harness or rec.get("host") != host:
             other += 1
             continue
         groups.append([float(x) for x in rec["ratios"]])
@@ -116,7 +143,47 @@ def interval(groups: list[list[float]], *, other_code: int = 0) -> dict:
     return out
 
 
-def pooled(path: str | os.PathLike, *, code: str, workload: str, harness: str = "", host: str | None = None) -> dict:
-    """`interval` over the ledger's lines of this code digest, workload, harness and machine class."""
-    groups, other = load(path, code=code, workload=workload, harness=harness, host=host)
+def pooled(path: str | os.PathLike, *, code: str, workload: str, harness: str = "", host: str | None = None,
+           mapping: dict[str, str] | None = None) -> dict:
+    """`interval` over the ledger's lines of this served digest, workload, harness and machine class."""
+    groups, other = load(path, code=code, workload=workload, harness=harness, host=host, mapping=mapping)
     return interval(groups, other_code=other)
+
+
+def map_commits(revs: list[str], path: str | os.PathLike = CODE_MAP, repo: Path | None = None) -> dict:
+    """Add `full digest -> served digest` entries for git revisions `revs`, each computed from that commit's own
+    tree (`git archive`) with the installed vLLM and torch: the full digest is recomputed exactly as `code_digest`
+    computed it when the lines were written, so an entry only matches lines of that code. An entry that exists with
+    another served digest is an error, and nothing is written."""
+    import io
+    import subprocess
+    import tarfile
+    import tempfile
+
+    repo = repo or Path(__file__).resolve().parent.parent
+    entries = json.loads(Path(path).read_text()) if Path(path).exists() else {}
+    for rev in revs:
+        commit = subprocess.run(["git", "-C", str(repo), "rev-parse", rev], check=True, capture_output=True,
+                                text=True).stdout.strip()
+        top = subprocess.run(["git", "-C", str(repo), "ls-tree", "--name-only", commit], check=True,
+                             capture_output=True, text=True).stdout.split()
+        with tempfile.TemporaryDirectory() as tmp:
+            tar = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", commit,
+                                  *(p for p in TREE if p in top)], check=True, capture_output=True).stdout
+            with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+                t.extractall(tmp, filter="data")
+            full, served = code_digest(Path(tmp) / "retire"), served_digest(Path(tmp))
+        if full in entries and entries[full]["served"] != served:
+            raise ValueError(f"{rev}: code {full} is mapped to served {entries[full]['served']}, this tree gives "
+                             f"{served}")
+        entries.setdefault(full, {"served": served, "commit": commit[:12]})
+    Path(path).write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n")
+    return entries
+
+
+if __name__ == "__main__":  # python -m perf.pairs_ledger map REV [REV ...]
+    import sys
+
+    if len(sys.argv) < 3 or sys.argv[1] != "map":
+        sys.exit("usage: python -m perf.pairs_ledger map REV [REV ...]")
+    print(json.dumps(map_commits(sys.argv[2:]), indent=1))

@@ -15,7 +15,9 @@ from perf import pairs_ledger as pl
 
 
 def _rec(code: str, ratios, workload: str = "1K-c1", instance: str = "s-0") -> dict:
-    return {"code": code, "workload": workload, "instance": instance, "ratios": list(ratios)}
+    """A line as the benchmark writes it: `code` is the served digest it pools by, `full` the whole tree's."""
+    return {"served": code, "code": f"full-{code}", "workload": workload, "instance": instance,
+            "ratios": list(ratios)}
 
 
 def test_lines_accumulate_across_runs_and_pool_only_their_code_and_workload(tmp_path):
@@ -99,3 +101,74 @@ def test_the_machine_class_names_the_cpu_and_its_bf16_features():
     assert a == pl.host_class() and a.endswith(f"| {os.cpu_count()} cpu")
     assert ("amx" in a) == torch.cpu._is_amx_tile_supported()
     assert ("avx512_bf16" in a) == torch.cpu._is_avx512_bf16_supported()
+
+
+def test_a_line_without_a_served_digest_pools_through_the_code_map_only(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    pl.append(path, {"code": "old-full", "workload": "1K-c1", "instance": "old-0", "ratios": [1.1]})
+    pl.append(path, _rec("srv", [1.0]))
+    assert pl.load(path, code="srv", workload="1K-c1", mapping={"old-full": "srv"}) == ([[1.1], [1.0]], 0)
+    # negative control: without the entry (or with an entry naming other code) the old line is another series
+    assert pl.load(path, code="srv", workload="1K-c1", mapping={}) == ([[1.0]], 1)
+    assert pl.load(path, code="srv", workload="1K-c1", mapping={"old-full": "else"}) == ([[1.0]], 1)
+
+
+def _commit_all(repo, msg: str) -> str:
+    import subprocess
+
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "add", "-A"], check=True, capture_output=True)
+    subprocess.run([*git, "commit", "-qm", msg], check=True, capture_output=True)
+    return subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_the_code_map_is_computed_from_each_commit_and_refuses_a_conflict(tmp_path):
+    import shutil
+    import subprocess
+
+    repo = tmp_path / "repo"
+    (repo / "retire").mkdir(parents=True)
+    (repo / "perf").mkdir()
+    (repo / "retire" / "__init__.py").write_text("from . import engine\n")
+    (repo / "retire" / "engine.py").write_text("x = 1\n")
+    (repo / "retire" / "replay.py").write_text("y = 1\n")  # nothing the harness reaches imports it
+    (repo / "perf" / "test_bench_overhead.py").write_text("import retire\n")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    first = _commit_all(repo, "one")
+    (repo / "retire" / "replay.py").write_text("y = 2\n")
+    second = _commit_all(repo, "an edit outside the served closure")
+    path = tmp_path / "map.json"
+    entries = pl.map_commits([first, second], path=path, repo=repo)
+    assert len(entries) == 2 and len({e["served"] for e in entries.values()}) == 1  # two trees, one served code
+    work = tmp_path / "work"
+    shutil.copytree(repo, work)
+    (work / "retire" / "replay.py").write_text("y = 1\n")
+    assert pl.code_digest(work / "retire") in entries  # the key is the full digest the old lines carry
+    (repo / "retire" / "engine.py").write_text("x = 2\n")
+    third = _commit_all(repo, "an edit inside it")
+    assert len({e["served"] for e in pl.map_commits([third], path=path, repo=repo).values()}) == 2
+    # negative control: an entry that disagrees with the commit's own tree is refused and the file is unchanged
+    bad = json.loads(path.read_text())
+    bad[next(k for k, e in bad.items() if e["commit"] == first[:12])]["served"] = "0" * 16
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="mapped to served"):
+        pl.map_commits([first], path=path, repo=repo)
+    assert json.loads(path.read_text()) == bad
+
+
+def test_the_committed_code_map_matches_its_commits():
+    """Each entry of results/no-revision-code-map.json, recomputed from its commit, gives the same two digests."""
+    import subprocess
+
+    import tempfile
+
+    entries = json.loads(pl.CODE_MAP.read_text())
+    for e in entries.values():
+        have = subprocess.run(["git", "-C", str(pl.CODE_MAP.parent.parent), "cat-file", "-e", f"{e['commit']}^{{commit}}"],
+                              capture_output=True)
+        if have.returncode:
+            pytest.skip(f"commit {e['commit']} is not in this clone (shallow?): the map cannot be recomputed here")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        again = pl.map_commits([e["commit"] for e in entries.values()], path=f"{tmp}/m.json")
+    assert again == entries
