@@ -27,19 +27,25 @@ bench: models
 
 # issue 14 section 5, resumable: INSTANCES more fresh (retire, stock) engine pairs (6 rounds each) appended to
 # results/no-revision-pairs.jsonl, then AA_INSTANCES fresh (stock, stock) pairs, the A/A control of the same design
-# (0 skips it); each nested 95% interval is computed over every line of the current code, its arms, its harness and
+# (0 skips it); each nested 95% interval is computed over every line of the current served code (the retire modules
+# the benchmark can import: perf/served_code.py), its arms, its harness and
 # this machine's class (perf/pairs_ledger.py; the start order alternates per pair: LEDGER_HARNESS in
 # perf/test_bench_overhead.py; RETIRE_PIN=1 adds the CPU placement of perf/pinning.py, a series of its own).
 # Run it again to add pairs; Ctrl-C keeps every finished instance. Needs an idle machine.
+# PAIRS paired rounds per instance pair; NOREV_TAG names the run's benchmark JSON
+# (results/bench-no-revision-ci[-aa]-$(NOREV_TAG).json), so a run never overwrites the files the README cites.
 INSTANCES ?= 20
 AA_INSTANCES ?= 10
+PAIRS ?= 6
+NOREV_TAG ?= $(shell date -u +%Y%m%dT%H%M)
 no-revision-ci: models
-	RETIRE_PAIRS_LEDGER=results/no-revision-pairs.jsonl RETIRE_INSTANCES=$(INSTANCES) $(PY) -m pytest \
-		perf/test_bench_overhead.py -m bench -q -rs -s -k "no_revision_vs_stock_across_instances and 1K" \
-		--benchmark-json=results/bench-no-revision-ci.json
+	RETIRE_PAIRS_LEDGER=results/no-revision-pairs.jsonl RETIRE_INSTANCES=$(INSTANCES) RETIRE_PAIRS_PER_INSTANCE=$(PAIRS) \
+		$(PY) -m pytest perf/test_bench_overhead.py -m bench -q -rs -s \
+		-k "no_revision_vs_stock_across_instances and 1K" --benchmark-json=results/bench-no-revision-ci-$(NOREV_TAG).json
 	@if [ "$(AA_INSTANCES)" != "0" ]; then RETIRE_PAIRS_LEDGER=results/no-revision-pairs.jsonl \
-		RETIRE_AA_INSTANCES=$(AA_INSTANCES) $(PY) -m pytest perf/test_bench_overhead.py -m bench -q -rs -s \
-		-k "stock_vs_stock_across_instances" --benchmark-json=results/bench-no-revision-ci-aa.json; fi
+		RETIRE_AA_INSTANCES=$(AA_INSTANCES) RETIRE_PAIRS_PER_INSTANCE=$(PAIRS) $(PY) -m pytest \
+		perf/test_bench_overhead.py -m bench -q -rs -s -k "stock_vs_stock_across_instances" \
+		--benchmark-json=results/bench-no-revision-ci-aa-$(NOREV_TAG).json; fi
 
 explore: models
 	$(PY) -m conformance.explore --schedules 10000 --workers 2 --json results/explore-10k.json

@@ -307,7 +307,14 @@ INSTANCES = {w: int(os.environ.get("RETIRE_INSTANCES", n)) for w, n in (("1K-c1"
 # when set (`make no-revision-ci`), every finished instance pair is appended to this ledger and the interval is
 # computed over all of its lines of the current code (perf/pairs_ledger.py)
 LEDGER = os.environ.get("RETIRE_PAIRS_LEDGER", "")
-PAIRS_PER_INSTANCE = 6
+# paired rounds per fresh instance pair (`RETIRE_PAIRS_PER_INSTANCE`, `make no-revision-ci PAIRS=...`): the series so far
+# showed no instance effect beyond the rounds' own spread (instance medians scatter as 6-round medians of the pair
+# ratios do), so more rounds per start buy pairs at a fraction of the cost: an instance pair's two starts, warm-ups and
+# shutdowns take about 70 s, a round about 6.5 s
+PAIRS_PER_INSTANCE = int(os.environ.get("RETIRE_PAIRS_PER_INSTANCE", "6"))
+# the across-instance tests' timeout: about 90 s per instance pair plus 10 s per round, at least an hour
+ACROSS_TIMEOUT = max(3600, max(INSTANCES.values()) * (90 + 10 * PAIRS_PER_INSTANCE),
+                     int(os.environ.get("RETIRE_AA_INSTANCES", "0")) * (90 + 10 * PAIRS_PER_INSTANCE))
 # the ledger's harness label: the quiescence barrier, and the start order alternating per instance pair (odd pairs
 # start the reference engine first), which the series of 2026-12-02 ("quiesce-1") did not do: there the subject
 # always started first, and both the retire/stock and the A/A instance medians climbed within each run; and, from
@@ -369,7 +376,7 @@ def _stock_stock_instances(pool, lens: list[int], workload: str) -> _Instances:
                       "A/A control over several fresh pairs of stock vLLM instances (no retire)")
 
 
-@pytest.mark.timeout(3600)  # 16 fresh engine pairs x 6 rounds: about 1 min per pair measured, more on a busy machine
+@pytest.mark.timeout(ACROSS_TIMEOUT)  # 16 fresh engine pairs x 6 rounds: about 2 min per pair measured
 @pytest.mark.parametrize("workload", ["1K-c1", "mixed-8"])
 def test_bench_no_revision_vs_stock_across_instances(benchmark, facades, pool, bench_engines, workload):
     """Table 11 at the resolution its 1% target needs: INSTANCES fresh (retire, stock) engine pairs, started in the
@@ -382,7 +389,7 @@ def test_bench_no_revision_vs_stock_across_instances(benchmark, facades, pool, b
                                                                          workload))
 
 
-@pytest.mark.timeout(3600)
+@pytest.mark.timeout(ACROSS_TIMEOUT)
 def test_bench_stock_vs_stock_across_instances(benchmark, facades, pool):
     """The A/A control of the test above, with the same design: INSTANCES fresh pairs of two stock engines, the same
     rounds, prompts and nested interval. Its interval is what the design reports when there is no cost at all, so
@@ -403,7 +410,8 @@ def _across_instances(benchmark, pool, workload: str, inst: _Instances, instance
     live: dict = {}
     instance_of: list[int] = []  # instance index of each admitted round
     session = time.strftime("%Y%m%dT%H%M%S")
-    code = pairs_ledger.code_digest() if LEDGER else ""  # the code measured, read once before the first pair
+    # the code measured, read once before the first pair: the served digest pools, the full one is recorded with it
+    code, full = (pairs_ledger.served_digest(), pairs_ledger.code_digest()) if LEDGER else ("", "")
     host = pairs_ledger.host_class() if LEDGER else None  # and the machine class: pairs pool only within one
     total = lambda t: t.total
 
@@ -437,7 +445,7 @@ def _across_instances(benchmark, pool, workload: str, inst: _Instances, instance
             instance_of.append(live["k"])
         if LEDGER and i % PAIRS_PER_INSTANCE == PAIRS_PER_INSTANCE - 1 and (mine := groups()[live["k"]]):
             ttft = groups(lambda t: t.first)[live["k"]] if len(lens) == 1 else None  # prefill, apart from decode
-            _ledger_append(code, host, inst.ledger, f"{session}-{live['k']}", mine, ttft=ttft,
+            _ledger_append((code, full), host, inst.ledger, f"{session}-{live['k']}", mine, ttft=ttft,
                            start_order="reference-first" if live["k"] % 2 else "subject-first")
 
     try:
@@ -474,12 +482,15 @@ def _instances_info(benchmark, paired: Paired, per_instance: list, inst: _Instan
                                                               else ""))
 
 
-def _ledger_append(code: str, host: str | None, workload: str, instance: str, ratios: list[float], *,
+def _ledger_append(digests: tuple[str, str], host: str | None, workload: str, instance: str, ratios: list[float], *,
                    ttft: list[float] | None, start_order: str) -> None:
     """One finished instance pair into the resumable ledger (perf/pairs_ledger.py), then the pooled interval. The
-    ratios are of the whole request (submit -> last token); `ttft_ratios`, of the time to first token."""
-    rec = {"code": code, "workload": workload, "instance": instance, "ratios": [round(r, 6) for r in ratios],
-           "model": "long", "decode_tokens": 128, "harness": LEDGER_HARNESS, "host": host, "start_order": start_order}
+    ratios are of the whole request (submit -> last token); `ttft_ratios`, of the time to first token. `digests` =
+    (served, full)."""
+    code, full = digests
+    rec = {"served": code, "code": full, "workload": workload, "instance": instance, "ratios": [round(r, 6) for r in ratios],
+           "model": "long", "decode_tokens": 128, "harness": LEDGER_HARNESS, "host": host, "start_order": start_order,
+           "pairs_per_instance": PAIRS_PER_INSTANCE}
     if ttft:
         rec["ttft_ratios"] = [round(r, 6) for r in ttft]
     pairs_ledger.append(LEDGER, rec)
