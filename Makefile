@@ -25,7 +25,7 @@ test-all: models
 bench: models
 	$(PY) -m pytest perf -m bench -q -rs --benchmark-json=results/bench.json
 
-# issue 14 section 5, resumable: INSTANCES more fresh (retire, stock) engine pairs (6 rounds each) appended to
+# issue 14 section 5, resumable: INSTANCES more fresh (retire, stock) engine pairs (PAIRS rounds each) appended to
 # results/no-revision-pairs.jsonl, then AA_INSTANCES fresh (stock, stock) pairs, the A/A control of the same design
 # (0 skips it); each nested 95% interval is computed over every line of the current served code (the retire modules
 # the benchmark can import: perf/served_code.py), its arms, its harness and

@@ -181,9 +181,27 @@ def map_commits(revs: list[str], path: str | os.PathLike = CODE_MAP, repo: Path 
     return entries
 
 
-if __name__ == "__main__":  # python -m perf.pairs_ledger map REV [REV ...]
+def status(path: str | os.PathLike, workload: str, harness: str) -> dict:
+    """Where the series of THIS checkout and machine stands: the pooled interval of `workload` (for the retire/stock
+    pairs, "1K-c1"; for the A/A control, "1K-c1/stock-stock") under the current served digest, `harness` and host
+    class, without starting an engine."""
+    code, host = served_digest(), host_class()
+    return {"served": code, "host": host, "harness": harness, "workload": workload,
+            **pooled(path, code=code, workload=workload, harness=harness, host=host)}
+
+
+USAGE = """usage: python -m perf.pairs_ledger map REV [REV ...]    add code-map entries computed from those commits
+       python -m perf.pairs_ledger status HARNESS [LEDGER]  the pooled intervals of this checkout and machine"""
+
+if __name__ == "__main__":
     import sys
 
-    if len(sys.argv) < 3 or sys.argv[1] != "map":
-        sys.exit("usage: python -m perf.pairs_ledger map REV [REV ...]")
-    print(json.dumps(map_commits(sys.argv[2:]), indent=1))
+    cmd, args = (sys.argv[1], sys.argv[2:]) if len(sys.argv) > 1 else ("", [])
+    if cmd == "map" and args:
+        print(json.dumps(map_commits(args), indent=1))
+    elif cmd == "status" and 1 <= len(args) <= 2:
+        ledger = args[1] if len(args) > 1 else Path(__file__).resolve().parent.parent / "results/no-revision-pairs.jsonl"
+        for w in ("1K-c1", "1K-c1/stock-stock"):
+            print(json.dumps(status(ledger, w, args[0])))
+    else:
+        sys.exit(USAGE)

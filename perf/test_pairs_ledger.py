@@ -172,3 +172,13 @@ def test_the_committed_code_map_matches_its_commits():
     with tempfile.TemporaryDirectory() as tmp:
         again = pl.map_commits([e["commit"] for e in entries.values()], path=f"{tmp}/m.json")
     assert again == entries
+
+
+def test_status_pools_this_checkout_and_machine_without_an_engine(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    here, code = pl.host_class(), pl.served_digest()
+    pl.append(path, dict(_rec(code, [1.0, 1.02]), host=here, harness="h"))
+    pl.append(path, dict(_rec(code, [0.98, 1.0], instance="s-1"), host=here, harness="h"))
+    pl.append(path, dict(_rec(code, [1.5], instance="s-2"), host=here, harness="other"))
+    out = pl.status(path, "1K-c1", "h")
+    assert (out["served"], out["host"], out["instances"], out["pairs"], out["other_code_lines"]) == (code, here, 2, 4, 1)
