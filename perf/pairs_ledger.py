@@ -30,6 +30,8 @@ import os
 import statistics
 from pathlib import Path
 
+import numpy as np
+
 from perf.common import bootstrap_ci_nested
 
 FIELDS = ("code", "workload", "instance", "ratios")
@@ -140,7 +142,20 @@ def interval(groups: list[list[float]], *, other_code: int = 0) -> dict:
         width = ci[1] - ci[0]
         out["width"] = round(width, 4)
         out["pairs_needed"] = max(pairs, round(pairs * (width / TARGET_WIDTH) ** 2))
+    out.update(_geometric(groups))
     return out
+
+
+def _geometric(groups: list[list[float]]) -> dict:
+    """The secondary estimator: the geometric mean of the ratios (exp of the mean log ratio) with the same nested
+    bootstrap. For a symmetric spread of log ratios it estimates the same centre as the median with about 1/1.25 of
+    the median's interval width (the mean's efficiency); it is reported next to the median, never instead of it."""
+    logs = [[float(np.log(x)) for x in g if x and x > 0] for g in groups]
+    ci = bootstrap_ci_nested(logs, stat=np.mean, n=2000, seed=0)
+    flat = [x for g in logs for x in g]
+    return {"geo_mean_ratio": round(float(np.exp(np.mean(flat))), 4) if flat else None,
+            "geo_nested_ci95": [round(float(np.exp(x)), 4) for x in ci] if ci else None,
+            "geo_width": round(float(np.exp(ci[1]) - np.exp(ci[0])), 4) if ci else None}
 
 
 def pooled(path: str | os.PathLike, *, code: str, workload: str, harness: str = "", host: str | None = None,

@@ -182,3 +182,15 @@ def test_status_pools_this_checkout_and_machine_without_an_engine(tmp_path):
     pl.append(path, dict(_rec(code, [1.5], instance="s-2"), host=here, harness="other"))
     out = pl.status(path, "1K-c1", "h")
     assert (out["served"], out["host"], out["instances"], out["pairs"], out["other_code_lines"]) == (code, here, 2, 4, 1)
+
+
+def test_the_geometric_mean_interval_is_reported_next_to_the_median_and_is_narrower_on_a_symmetric_spread():
+    rng = np.random.default_rng(5)
+    groups = [list(np.exp(rng.normal(np.log(1.02), 0.1, 24))) for _ in range(20)]
+    out = pl.interval(groups)
+    lo, hi = out["geo_nested_ci95"]
+    assert lo < 1.02 < hi and out["geo_width"] == round(hi - lo, 4)
+    assert out["geo_width"] < out["width"]  # the mean's efficiency on a normal spread of log ratios
+    # negative control: a shifted series moves the interval off the true centre
+    shifted = pl.interval([[x * 1.1 for x in g] for g in groups])
+    assert shifted["geo_nested_ci95"][0] > 1.02
