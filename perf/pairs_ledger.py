@@ -17,14 +17,13 @@ Invariants:
   (the replay driver, the HTTP server) does not.
 - A line written before the served digest existed carries only `code`; it pools through `CODE_MAP`
   (results/no-revision-code-map.json), whose entries `map_commits` computes from the commit's own tree: its full
-  digest, recomputed, must equal the line's `code`, so an entry cannot attach a line to code it did not measure. Machine classes differ by several times in
-  bf16 speed (emulated without AVX512-BF16/AMX), so a fixed per-step cost is a different fraction of a request on
-  each: their pairs never pool.
+  digest, recomputed, must equal the line's `code`, so an entry cannot attach a line to code it did not measure.
+- Machine classes differ by several times in bf16 speed (emulated without AVX512-BF16/AMX), so a fixed per-step cost
+  is a different fraction of a request on each: their pairs never pool.
 - A line that is not a well-formed record is an error naming its line number, never skipped silently.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import statistics
@@ -37,19 +36,17 @@ from perf.common import bootstrap_ci_nested
 FIELDS = ("code", "workload", "instance", "ratios")
 TARGET_WIDTH = 0.02
 TREE = ("retire", "perf", "conformance", "oracles", "conftest.py", "pyproject.toml")  # what the digests read
-CODE_MAP = Path(__file__).resolve().parent.parent / "results" / "no-revision-code-map.json"
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+CODE_MAP = RESULTS / "no-revision-code-map.json"
+LEDGER_FILE = RESULTS / "no-revision-pairs.jsonl"  # `make no-revision-ci`'s ledger
 
 
 def code_digest(root: Path | None = None) -> str:
     """16 hex digits over every `retire/**/*.py` (path and bytes, sorted) and the vLLM and torch versions."""
-    import torch
-    import vllm
+    from perf.served_code import engine_versions, files_digest
 
     root = root or Path(__file__).resolve().parent.parent / "retire"
-    h = hashlib.sha256(f"vllm {vllm.__version__} torch {torch.__version__}\n".encode())
-    for p in sorted(root.rglob("*.py")):
-        h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()[:16]
+    return files_digest(engine_versions(), root, sorted(root.rglob("*.py")))
 
 
 def host_class() -> str:
@@ -215,7 +212,7 @@ if __name__ == "__main__":
     if cmd == "map" and args:
         print(json.dumps(map_commits(args), indent=1))
     elif cmd == "status" and 1 <= len(args) <= 2:
-        ledger = args[1] if len(args) > 1 else Path(__file__).resolve().parent.parent / "results/no-revision-pairs.jsonl"
+        ledger = args[1] if len(args) > 1 else LEDGER_FILE
         for w in ("1K-c1", "1K-c1/stock-stock"):
             print(json.dumps(status(ledger, w, args[0])))
     else:

@@ -110,12 +110,14 @@ def references(path: Path, name: str) -> tuple[set[str], bool, bool]:
     return refs, own, other
 
 
+def module_name(root: Path, f: Path) -> str:
+    """The dotted name of source file `f` under `root` (a package's `__init__.py` is the package)."""
+    parts = f.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def _modules_below(root: Path, base: Path) -> list[str]:
-    out = []
-    for f in base.rglob("*.py"):
-        parts = f.relative_to(root).with_suffix("").parts
-        out.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
-    return out
+    return [module_name(root, f) for f in base.rglob("*.py")]
 
 
 def _starting_with(root: Path, start: str) -> list[str]:
@@ -145,7 +147,7 @@ def reach(root: Path = ROOT) -> set[str]:
     """Every module of the FOLLOWED packages that the harness files and the plugin entry points can reach."""
     todo: list[str] = list(plugin_entries(root))
     for p in _harness_files(root):
-        todo.extend(references(p, ".".join(p.relative_to(root).with_suffix("").parts))[0])
+        todo.extend(references(p, module_name(root, p))[0])
     seen: set[str] = set()
     while todo:
         ref = todo.pop()
@@ -153,7 +155,9 @@ def reach(root: Path = ROOT) -> set[str]:
             todo.extend(_starting_with(root, ref[:-1]))
             continue
         for name in _prefixes(ref):
-            if name.split(".")[0] not in FOLLOWED or name in seen or name in NOT_FOLLOWED or (path := module_file(root, name)) is None:
+            if name.split(".")[0] not in FOLLOWED or name in seen or name in NOT_FOLLOWED:
+                continue
+            if (path := module_file(root, name)) is None:
                 continue
             seen.add(name)
             refs, own, other = references(path, name)
@@ -167,15 +171,23 @@ def reach(root: Path = ROOT) -> set[str]:
     return seen
 
 
+def engine_versions() -> str:
+    import torch
+    import vllm
+
+    return f"vllm {vllm.__version__} torch {torch.__version__}"
+
+
+def files_digest(header: str, base: Path, files: list[Path]) -> str:
+    """16 hex digits over `header` and each file's path relative to `base` and bytes, in the order given. Both
+    ledger digests use it; the full one (pairs_ledger.code_digest) must stay byte-for-byte what old lines carry."""
+    h = hashlib.sha256(f"{header}\n".encode())
+    for p in files:
+        h.update(str(p.relative_to(base)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def served_digest(root: Path = ROOT, versions: str | None = None) -> str:
     """16 hex digits over the closure's files (path and bytes, sorted) and the vLLM and torch versions."""
-    if versions is None:
-        import torch
-        import vllm
-
-        versions = f"vllm {vllm.__version__} torch {torch.__version__}"
-    h = hashlib.sha256(f"served {versions}\n".encode())
-    for name in closure(root):
-        p = module_file(root, name)
-        h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()[:16]
+    return files_digest(f"served {versions or engine_versions()}", root,
+                        [module_file(root, name) for name in closure(root)])

@@ -307,10 +307,10 @@ INSTANCES = {w: int(os.environ.get("RETIRE_INSTANCES", n)) for w, n in (("1K-c1"
 # when set (`make no-revision-ci`), every finished instance pair is appended to this ledger and the interval is
 # computed over all of its lines of the current code (perf/pairs_ledger.py)
 LEDGER = os.environ.get("RETIRE_PAIRS_LEDGER", "")
-# paired rounds per fresh instance pair (`RETIRE_PAIRS_PER_INSTANCE`, `make no-revision-ci PAIRS=...`): the series so far
-# showed no instance effect beyond the rounds' own spread (instance medians scatter as 6-round medians of the pair
-# ratios do), so more rounds per start buy pairs at a fraction of the cost: an instance pair's two starts, warm-ups and
-# shutdowns take about 70 s, a round about 6.5 s
+# paired rounds per fresh instance pair (`RETIRE_PAIRS_PER_INSTANCE`, `make no-revision-ci PAIRS=...`). The instance
+# effect is small next to the rounds' own spread (EPYC, 24 rounds: instance medians sd 3.2% against 2.7% from the
+# rounds alone; the one effect found is the start order, which alternating balances), so more rounds per start buy
+# pairs at a fraction of the cost: an instance pair's two starts, warm-ups and shutdowns take about 70 s, a round 8 s
 PAIRS_PER_INSTANCE = int(os.environ.get("RETIRE_PAIRS_PER_INSTANCE", "6"))
 # the across-instance tests' timeout: about 90 s per instance pair plus 10 s per round, at least an hour
 ACROSS_TIMEOUT = max(3600, max(INSTANCES.values()) * (90 + 10 * PAIRS_PER_INSTANCE),
@@ -488,7 +488,8 @@ def _ledger_append(digests: tuple[str, str], host: str | None, workload: str, in
     ratios are of the whole request (submit -> last token); `ttft_ratios`, of the time to first token. `digests` =
     (served, full)."""
     code, full = digests
-    rec = {"served": code, "code": full, "workload": workload, "instance": instance, "ratios": [round(r, 6) for r in ratios],
+    rec = {"served": code, "code": full, "workload": workload, "instance": instance,
+           "ratios": [round(r, 6) for r in ratios],
            "model": "long", "decode_tokens": 128, "harness": LEDGER_HARNESS, "host": host, "start_order": start_order,
            "pairs_per_instance": PAIRS_PER_INSTANCE}
     if ttft:

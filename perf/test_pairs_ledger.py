@@ -159,13 +159,12 @@ def test_the_code_map_is_computed_from_each_commit_and_refuses_a_conflict(tmp_pa
 def test_the_committed_code_map_matches_its_commits():
     """Each entry of results/no-revision-code-map.json, recomputed from its commit, gives the same two digests."""
     import subprocess
-
     import tempfile
 
     entries = json.loads(pl.CODE_MAP.read_text())
     for e in entries.values():
-        have = subprocess.run(["git", "-C", str(pl.CODE_MAP.parent.parent), "cat-file", "-e", f"{e['commit']}^{{commit}}"],
-                              capture_output=True)
+        have = subprocess.run(["git", "-C", str(pl.CODE_MAP.parent.parent), "cat-file", "-e",
+                               f"{e['commit']}^{{commit}}"], capture_output=True)
         if have.returncode:
             pytest.skip(f"commit {e['commit']} is not in this clone (shallow?): the map cannot be recomputed here")
 
@@ -181,7 +180,8 @@ def test_status_pools_this_checkout_and_machine_without_an_engine(tmp_path):
     pl.append(path, dict(_rec(code, [0.98, 1.0], instance="s-1"), host=here, harness="h"))
     pl.append(path, dict(_rec(code, [1.5], instance="s-2"), host=here, harness="other"))
     out = pl.status(path, "1K-c1", "h")
-    assert (out["served"], out["host"], out["instances"], out["pairs"], out["other_code_lines"]) == (code, here, 2, 4, 1)
+    assert (out["served"], out["host"], out["instances"], out["pairs"], out["other_code_lines"]) == \
+        (code, here, 2, 4, 1)
 
 
 def test_the_geometric_mean_interval_is_reported_next_to_the_median_and_is_narrower_on_a_symmetric_spread():
