@@ -20,8 +20,9 @@ import pytest
 from conformance.fixtures.prompts import revise, tokens
 from retire.faults import LateCompletion
 from retire.traces import read_trace_jsonl
-from retire.traces.driver import (ArmResult, QuantumSelector, VersionPlan, VersionRecord, Workload, judge_finals,
-                                  plan, poisson_arrivals, prompt_chain, run_arm, trace_arrivals)
+from retire.traces.driver import (ArmResult, VersionPlan, VersionRecord, Workload, judge_finals, plan,
+                                  poisson_arrivals, prompt_chain, run_arm, trace_arrivals)
+from retire.traces.quantum import QuantumSelector
 
 FIXTURE = Path(__file__).parent / "fixtures" / "trace_paper_window.jsonl"
 # two scopes: a (3 transitions), b (2 transitions); trace seconds, replayed at 2x

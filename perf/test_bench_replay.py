@@ -27,8 +27,8 @@ import pytest
 from conformance.fixtures.prompts import revise, tokens
 from perf.common import DEFAULT_SLICES, FINE_SLICES, Paired, summary
 from retire.traces import read_trace_jsonl
-from retire.traces.driver import (QuantumSelector, Workload, judge_finals, plan, poisson_arrivals, prompt_chain,
-                                  run_arm, trace_arrivals)
+from retire.traces.driver import Workload, judge_finals, plan, poisson_arrivals, prompt_chain, run_arm, trace_arrivals
+from retire.traces.quantum import QuantumSelector
 
 pytestmark = pytest.mark.bench
 

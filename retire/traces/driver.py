@@ -37,6 +37,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from .quantum import QuantumSelector, first_quantum, set_quantum
+
 now = time.monotonic
 PromptOf = Callable[[int, int], list]
 
@@ -246,28 +248,6 @@ def _advance(tr) -> float:
     return tr.timings.get("advance_frontend", tr.timings.get("advance", 0.0))
 
 
-class QuantumSelector:
-    """Rate-only prefill-quantum selector (paper A.2.2): the quantum is chosen from the observed revision rate alone
-    (revisions per active scope per trace second over the last `window_s` trace seconds): `small` when that rate is
-    >= `threshold`, else `large`. The paper's sweep found the goodput-optimal native quantum large at rates 0 and 0.05
-    and small at 0.2; the default threshold 0.1 sits between."""
-
-    def __init__(self, small: int, large: int, threshold: float = 0.1, window_s: float = 10.0):
-        self.small, self.large, self.threshold, self.window_s = small, large, threshold, window_s
-
-    def choose(self, rate: float) -> int:
-        return self.small if rate >= self.threshold else self.large
-
-    def observed_rate(self, arrivals_trace_s: Sequence[float], now_trace_s: float, scopes: int) -> float:
-        lo = now_trace_s - self.window_s
-        n = sum(1 for t in arrivals_trace_s if lo < t <= now_trace_s)
-        return n / (self.window_s * max(scopes, 1))
-
-
-async def set_quantum(eng, tokens: int | None) -> int:
-    return await eng.backend.sched("set_step_tokens", {"tokens": tokens})
-
-
 class _Replay:
     """One arm's replay in progress: the version records, the consumers it started, the quanta it set, the clock."""
 
@@ -340,15 +320,6 @@ class _Replay:
         return t_last_arrival
 
 
-async def _first_quantum(eng, quantum) -> list:
-    """The arm's quanta log, started with the budget `quantum` sets first (none for the engine default)."""
-    if isinstance(quantum, int):
-        return [(0.0, await set_quantum(eng, quantum))]
-    if isinstance(quantum, QuantumSelector):
-        return [(0.0, await set_quantum(eng, quantum.large))]
-    return []
-
-
 async def run_arm(eng, arm: str, plans: Sequence[VersionPlan], prompt_of: PromptOf, w: Workload, *,
                   label: str = "", quantum: int | QuantumSelector | None = None, ideal: bool = False,
                   reset_cache: bool = True) -> ArmResult:
@@ -360,7 +331,7 @@ async def run_arm(eng, arm: str, plans: Sequence[VersionPlan], prompt_of: Prompt
     sp = w.sampling()
     if reset_cache:
         await eng.backend.reset_prefix_cache()
-    quanta = await _first_quantum(eng, quantum)
+    quanta = await first_quantum(eng, quantum)
     todo = [p for p in plans if p.final] if ideal else list(plans)
     # one facade scope per trace scope (every version shares its key); the ideal arm: one fresh scope per final version
     recs = {(p.scope, p.epoch): VersionRecord(p, f"{label}{arm}.{p.scope}" + ("#final" if ideal else ""),
