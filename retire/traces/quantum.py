@@ -1,10 +1,10 @@
 """Prefill-quantum control for a replay arm (paper A.2.2): a fixed step-token budget, or a rate-only selector that
 chooses it at every revision arrival from the observed revision rate.
 
-Invariant: the quantum is only ever set through the scheduler's `set_step_tokens` call (`set_quantum`), which
-returns the budget in force; `first_quantum` starts an arm's log of (seconds since start, budget) with the budget it
-set first, so every budget an arm ran under is in its log. The driver restores the engine default (None) when the
-arm ends.
+Invariant: within a replay arm the driver sets the quantum only through `set_quantum` (the scheduler's
+`set_step_tokens` call, which returns the budget in force); `first_quantum` starts the arm's log of (seconds since
+start, budget) with the budget it set first and the driver appends every change, so every budget the arm ran under
+is in its log. The driver restores the engine default (None) when the arm ends.
 """
 from __future__ import annotations
 
