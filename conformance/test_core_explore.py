@@ -17,7 +17,8 @@ from hypothesis.stateful import run_state_machine_as_test
 from conformance.fixtures.explorer import CoreMachine
 
 CI = settings(max_examples=int(__import__("os").environ.get("RETIRE_EXPLORE_CI", "300")), stateful_step_count=25,
-              deadline=None, database=None, suppress_health_check=list(HealthCheck))
+              deadline=None, database=None, suppress_health_check=list(HealthCheck),
+              derandomize=True)
 
 
 def _explore(s=CI):
