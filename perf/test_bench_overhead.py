@@ -60,9 +60,11 @@ def _ratio_info(ratios: list[float]) -> dict:
             else None, "bootstrap_ci95_of_median": [round(x, 4) for x in ci] if ci else None}
 
 
-async def _retire_batch(eng, prompts, tag: str) -> Timed:
+async def _retire_batch(eng, prompts, tag: str, *, reset: bool = True) -> Timed:
+    """`reset=False`: the caller has reset the prefix cache itself (the CPU budget times that call apart)."""
     sp = SP if len(prompts) == 1 else SP_BATCH
-    await reset_prefix_cache(eng)
+    if reset:
+        await reset_prefix_cache(eng)
     t0 = time.monotonic()
     scopes = [f"{tag}-{k}" for k in range(len(prompts))]
     # submitted concurrently, as the stock arm's gathered generate() calls are: one by one, EngineCore would start a
