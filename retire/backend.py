@@ -62,7 +62,11 @@ class Backend:
         kwargs["worker_extension_cls"] = WORKER_EXT_CLS
         self.model = model
         self.kwargs = kwargs
-        self.llm = self.fe.start(model, kwargs)
+        try:
+            self.llm = self.fe.start(model, kwargs)
+        except BaseException:  # an engine that never started leaves no shared-memory file behind
+            self._unlink_shared()
+            raise
         g = self.fe.geometry(self.llm)
         self.max_model_len, self.vocab_size = g["max_model_len"], g["vocab_size"]
         self.chunk, self.block_size = g["chunk"], g["block_size"]
@@ -114,7 +118,12 @@ class Backend:
     def shutdown(self) -> None:
         if not self.closed:
             self.closed = True
-            self.llm.shutdown()
-            self.mailbox.unlink()
-            if self.ranks is not None:
-                self.ranks.unlink()
+            try:
+                self.llm.shutdown()
+            finally:
+                self._unlink_shared()
+
+    def _unlink_shared(self) -> None:
+        self.mailbox.unlink()
+        if self.ranks is not None:
+            self.ranks.unlink()

@@ -1,0 +1,119 @@
+"""Shared-memory files leave nothing behind (retire/shm.py), engine-free.
+
+Oracle: the directory listing and the kernel's process table; child processes play the frontend that creates a file
+and then dies (SIGKILL: no cleanup of its own runs), or lives on holding it. Every test works in its own directory.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from retire import shm
+
+SHM = Path(shm.__file__)
+# the child loads retire/shm.py alone (not the package: no vLLM import), creates or opens a file, prints, then waits
+CHILD = ("import importlib.util, sys, time\n"
+         "spec = importlib.util.spec_from_file_location('shm', {path!r})\n"
+         "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+         "{body}\n"
+         "sys.stdout.flush(); time.sleep(60)\n")
+PREFIX = "retire-test"
+
+
+@pytest.fixture
+def child():
+    procs = []
+
+    def start(body: str) -> tuple[subprocess.Popen, str]:
+        p = subprocess.Popen([sys.executable, "-c", CHILD.format(path=str(SHM), body=body)], stdout=subprocess.PIPE,
+                             text=True)
+        procs.append(p)
+        return p, p.stdout.readline().strip()  # barrier: the child has done its part
+
+    yield start
+    for p in procs:  # heal: no child outlives its test
+        p.kill()
+        p.wait()
+
+
+def _kill(p: subprocess.Popen) -> None:
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+
+
+def test_a_file_its_dead_creator_left_is_swept_by_the_next_create(tmp_path, child):
+    p, path = child(f"print(m.create_file({PREFIX!r}, 64, {str(tmp_path)!r}))")
+    assert os.path.exists(path)
+    _kill(p)
+    mine = shm.create_file(PREFIX, 64, str(tmp_path))
+    assert not os.path.exists(path), "the SIGKILLed creator's file survived the next create"
+    assert os.listdir(tmp_path) == [os.path.basename(mine)]
+
+
+def test_negative_control_a_live_creators_file_is_kept(tmp_path, child):
+    _, path = child(f"print(m.create_file({PREFIX!r}, 64, {str(tmp_path)!r}))")
+    assert shm.sweep_stale(PREFIX, str(tmp_path)) == []
+    assert os.path.exists(path)
+
+
+def test_a_file_a_live_process_still_holds_is_kept_after_its_creator_died(tmp_path, child):
+    creator, path = child(f"print(m.create_file({PREFIX!r}, 64, {str(tmp_path)!r}))")
+    # an EngineCore that outlives its frontend: it opened the file by path and holds it
+    holder, _ = child(f"class F(m.SharedFile):\n    SIZE = 64\nf = F({path!r}); print('open')")
+    _kill(creator)
+    assert shm.sweep_stale(PREFIX, str(tmp_path)) == []
+    assert os.path.exists(path)
+    _kill(holder)
+    assert shm.sweep_stale(PREFIX, str(tmp_path)) == [path]
+
+
+def test_an_unlocked_file_of_a_live_pid_is_kept(tmp_path):
+    """A file from a live process of an earlier version (no lock taken) is not swept: its pid is alive."""
+    path = tmp_path / f"{PREFIX}-{os.getpid()}-0123abcd"
+    path.write_bytes(b"\0" * 64)
+    assert shm.sweep_stale(PREFIX, str(tmp_path)) == []
+    assert path.exists()
+
+
+def test_names_outside_the_pattern_are_never_touched(tmp_path, child):
+    p, path = child(f"print(m.create_file({PREFIX!r}, 64, {str(tmp_path)!r}))")
+    _kill(p)
+    pid = os.path.basename(path).split("-")[2]
+    others = [f"{PREFIX}-{pid}-notahexid", f"{PREFIX}x-{pid}-0123abcd", f"other-{pid}-0123abcd", f"{PREFIX}-{pid}"]
+    for n in others:
+        (tmp_path / n).write_bytes(b"x")
+    assert shm.sweep_stale(PREFIX, str(tmp_path)) == [path]
+    assert sorted(os.listdir(tmp_path)) == sorted(others)
+
+
+def test_unlink_removes_the_file_and_releases_the_creators_hold(tmp_path):
+    class F(shm.SharedFile):
+        SIZE = 64
+
+    path = shm.create_file(PREFIX, 64, str(tmp_path))
+    f = F(path)
+    assert path in shm._HELD
+    f.unlink()
+    assert path not in shm._HELD and not os.path.exists(path)
+
+
+def test_an_engine_that_fails_to_start_leaves_no_mailbox(monkeypatch):
+    from retire import backend
+
+    class Refusing:
+        def start(self, model, kwargs):
+            raise RuntimeError("engine refused to start (test)")
+
+    monkeypatch.setattr(backend.adapter, "frontend", lambda: Refusing())
+    monkeypatch.delenv("RETIRE_MAILBOX", raising=False)
+    with pytest.raises(RuntimeError, match="refused to start"):
+        backend.Backend("no-model")
+    path = os.environ.get("RETIRE_MAILBOX")
+    assert path and path.startswith(shm._base()), path
+    assert not os.path.exists(path), "the failed start leaked its mailbox file"
+    assert path not in shm._HELD
