@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -124,3 +126,20 @@ def facades(bench_engines):
                 await f.audit()
                 await f.close()
     pool.runner.run(fin())
+
+
+@pytest.fixture
+def python_child():
+    """`python_child(code, pipe=False)` starts `python -c code` (stdout piped and text when `pipe`), standing in for an
+    engine process in engine-free tests; every child is killed at teardown (none outlives its test)."""
+    procs = []
+
+    def start(code: str, pipe: bool = False) -> subprocess.Popen:
+        p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE if pipe else None, text=True)
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait()

@@ -2,8 +2,6 @@
 that spin or sleep stand in for engine processes; the kernel's accounting is the oracle."""
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import pytest
@@ -16,18 +14,8 @@ IDLE = "import time\nprint('done', flush=True)\ntime.sleep(60)\n"
 
 
 @pytest.fixture
-def child():
-    procs = []
-
-    def start(code: str):
-        p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-        procs.append(p)
-        return p
-
-    yield start
-    for p in procs:  # heal: no child outlives its test
-        p.kill()
-        p.wait()
+def child(python_child):
+    return lambda code: python_child(code, pipe=True)
 
 
 def test_roles_from_vllm_process_titles():

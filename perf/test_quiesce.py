@@ -3,8 +3,6 @@ suite. A child that spins stands in for an engine's queue reader in its 1 s busy
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import time
 
 import pytest
@@ -15,18 +13,8 @@ SPIN = "import time\nt = time.time()\nwhile time.time() - t < {s}: pass\ntime.sl
 
 
 @pytest.fixture
-def spinner():
-    procs = []
-
-    def start(seconds: float):
-        p = subprocess.Popen([sys.executable, "-c", SPIN.format(s=seconds)])
-        procs.append(p)
-        return p
-
-    yield start
-    for p in procs:  # heal: no spinner outlives its test
-        p.kill()
-        p.wait()
+def spinner(python_child):
+    return lambda seconds: python_child(SPIN.format(s=seconds))
 
 
 def test_returns_once_the_spinning_child_went_idle(spinner, monkeypatch):
