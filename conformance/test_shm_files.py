@@ -5,8 +5,11 @@ and then dies (SIGKILL: no cleanup of its own runs), or lives on holding it. Eve
 """
 from __future__ import annotations
 
+import fcntl
 import os
+import re
 import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -55,7 +58,7 @@ def test_a_file_its_dead_creator_left_is_swept_by_the_next_create(tmp_path, chil
     assert os.listdir(tmp_path) == [os.path.basename(mine)]
 
 
-def test_negative_control_a_live_creators_file_is_kept(tmp_path, child):
+def test_a_live_creators_file_is_kept(tmp_path, child):
     _, path = child(f"print(m.create_file({PREFIX!r}, 64, {str(tmp_path)!r}))")
     assert shm.sweep_stale(PREFIX, str(tmp_path)) == []
     assert os.path.exists(path)
@@ -117,3 +120,87 @@ def test_an_engine_that_fails_to_start_leaves_no_mailbox(monkeypatch):
     assert path and path.startswith(shm._base()), path
     assert not os.path.exists(path), "the failed start leaked its mailbox file"
     assert path not in shm._HELD
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_the_sweep_goes_on_past_every_file_it_keeps(tmp_path, child, monkeypatch):
+    """Files it must keep (vanished, held, outside the pattern, a live pid's) come first: the stale one after them
+    is still removed."""
+    dead = _dead_pid()
+    creator, held = child(f"print(m.create_file({PREFIX!r}, 64, {str(tmp_path)!r}))")
+    holder, _ = child(f"class F(m.SharedFile):\n    SIZE = 64\nf = F({held!r}); print('open')")
+    _kill(creator)
+    stale = tmp_path / f"{PREFIX}-{dead}-0123abcd"
+    stale.write_bytes(b"\0" * 64)
+    live = tmp_path / f"{PREFIX}-{os.getpid()}-0123abcd"
+    live.write_bytes(b"\0" * 64)
+    order = [f"{PREFIX}-{dead}-0badf00d", os.path.basename(held), "unrelated", live.name, stale.name]
+    monkeypatch.setattr(shm.os, "listdir", lambda base: list(order))
+    assert shm.sweep_stale(PREFIX, str(tmp_path)) == [str(stale)]
+    assert os.path.exists(held) and live.exists()
+
+
+def test_a_live_pid_is_only_probed_never_signalled(tmp_path, child):
+    p, _ = child("print('up')")
+    path = tmp_path / f"{PREFIX}-{p.pid}-0123abcd"
+    path.write_bytes(b"\0" * 64)
+    assert shm.sweep_stale(PREFIX, str(tmp_path)) == []
+    assert p.poll() is None, "the sweep signalled a live process"
+    assert path.exists()
+
+
+def test_a_pid_of_another_user_counts_as_alive(monkeypatch):
+    def denied(pid, sig):
+        raise PermissionError
+    monkeypatch.setattr(shm.os, "kill", denied)
+    assert shm._pid_alive(12345) is True
+
+
+def test_the_created_file_is_named_sized_and_held_as_documented(tmp_path):
+    path = shm.create_file(PREFIX, 64, str(tmp_path))
+    name = os.path.basename(path)
+    assert re.fullmatch(rf"{PREFIX}-{os.getpid()}-[0-9a-f]{{8}}", name), name
+    assert os.path.getsize(path) == 64 and open(path, "rb").read() == b"\0" * 64
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o644 & ~umask
+    fd = shm._HELD[path]
+    assert isinstance(fd, int)
+    probe = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(BlockingIOError):  # the creator's shared lock is held
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(probe)
+
+    class F(shm.SharedFile):
+        SIZE = 64
+
+    F(path).unlink()
+    with pytest.raises(OSError):  # the creator's locked fd was closed with the file
+        os.fstat(fd)
+
+
+def test_unlink_of_a_file_another_process_created_releases_nothing_of_ours(tmp_path, child):
+    _, path = child(f"print(m.create_file({PREFIX!r}, 64, {str(tmp_path)!r}))")
+
+    class F(shm.SharedFile):
+        SIZE = 64
+
+    before = dict(shm._HELD)
+    F(path).unlink()
+    assert not os.path.exists(path) and shm._HELD == before
+
+
+def test_the_base_is_dev_shm_when_present_else_tmp(monkeypatch):
+    assert shm._base() == ("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp")
+    real = os.path.isdir
+    monkeypatch.setattr(shm.os.path, "isdir", lambda p: True if p == "/dev/shm" else real(p))
+    assert shm._base() == "/dev/shm"
+    monkeypatch.setattr(shm.os.path, "isdir", lambda p: False if p == "/dev/shm" else real(p))
+    assert shm._base() == "/tmp"
