@@ -130,4 +130,13 @@ class OracleEngine:
         return await self._generate(prompt, sampling, salt, skip_cache=False)
 
     def shutdown(self) -> None:
-        self.llm.shutdown()
+        """Stop the engine; an async caller then awaits `released()` (the AsyncLLM is collected before it returns)."""
+        self._stopped, self.llm = self.llm, None
+        self._stopped.shutdown()
+
+    async def released(self) -> None:
+        from retire import adapter
+
+        llm, self._stopped = getattr(self, "_stopped", None), None
+        if llm is not None:
+            await adapter.frontend().released(llm)

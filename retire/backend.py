@@ -72,6 +72,7 @@ class Backend:
         self.chunk, self.block_size = g["chunk"], g["block_size"]
         self.refs = 0
         self.closed = False
+        self._stopped = None  # the AsyncLLM between shutdown() and released()
         self.safe_points: dict | None = None  # filled by ensure_safe_points()
 
     async def ensure_safe_points(self) -> dict:
@@ -116,12 +117,21 @@ class Backend:
         return await self.fe.reset_prefix_cache(self.llm)
 
     def shutdown(self) -> None:
+        """Stop the engine. From here nothing reaches vLLM through this backend (`llm` is None); the caller of an
+        async close then awaits `released()`."""
         if not self.closed:
             self.closed = True
+            self._stopped, self.llm = self.llm, None
             try:
-                self.llm.shutdown()
+                self._stopped.shutdown()
             finally:
                 self._unlink_shared()
+
+    async def released(self) -> None:
+        """After shutdown: the stopped AsyncLLM is collected before this returns (see the adapter's `released`)."""
+        llm, self._stopped = self._stopped, None
+        if llm is not None:
+            await self.fe.released(llm)
 
     def _unlink_shared(self) -> None:
         self.mailbox.unlink()

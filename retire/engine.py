@@ -361,7 +361,8 @@ class RetireEngine:
     def engine_client(self):
         """The vLLM `EngineClient` (AsyncLLM) this facade runs on, for code that builds on vLLM's own serving layer
         (model config, renderer, tokenizer, health, metrics, unscoped requests). Requests for scopes must go through
-        the facade."""
+        the facade. A closed facade raises EngineClosed."""
+        self._check_open()
         return self.backend.llm
 
     async def cancel(self, scope: str, epoch: int | None = None, tenant: str = "default") -> None:
@@ -394,6 +395,7 @@ class RetireEngine:
         self.backend.refs -= 1
         if self.backend.refs == 0:
             self.backend.shutdown()
+            await self.backend.released()
 
 
 def _check_names(tenant, scope) -> None:

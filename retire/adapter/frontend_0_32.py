@@ -82,6 +82,22 @@ async def reset_prefix_cache(llm) -> bool:
     return bool(await llm.reset_prefix_cache())
 
 
+async def released(llm) -> None:
+    """After `llm.shutdown()`, with no other reference to `llm` left: wait for its cancelled output handler to end
+    (a barrier on the task, not a sleep), then collect the AsyncLLM now. It sits in a reference cycle; left to the
+    interpreter's exit, its `__del__` shuts down again with the module globals gone and prints `TypeError:
+    'NoneType' object is not callable`."""
+    import asyncio
+    import gc
+
+    task = getattr(llm, "output_handler", None)
+    del llm
+    if task is not None and not task.done():
+        await asyncio.wait([task])
+    del task
+    gc.collect()
+
+
 def output_kind_delta():
     from vllm.sampling_params import RequestOutputKind
     return RequestOutputKind.DELTA

@@ -94,4 +94,5 @@ class Engines:
         finally:
             for o in self.oracles.values():
                 o.shutdown()
+                await o.released()
             self.oracles.clear()

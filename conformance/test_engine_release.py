@@ -1,0 +1,84 @@
+"""Closing an engine releases vLLM's AsyncLLM while the interpreter is whole (retire/backend.py, the adapter's
+`released`).
+
+Oracle: a separate Python process, the way a user's program runs: its stderr at exit and a weak reference to the
+AsyncLLM. vLLM's AsyncLLM sits in a reference cycle; collected only at interpreter exit, its `__del__` shuts down
+again with the module globals gone and prints "Exception ignored in: <function AsyncLLM.__del__ ...> TypeError".
+Negative control: a stock AsyncLLM shut down the plain way (no release) prints exactly that, so the check can fail.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOISE = "AsyncLLM.__del__"
+
+SUBJECT = '''
+import asyncio, gc, weakref
+
+async def main():
+    from vllm import SamplingParams
+    from oracles.runs import collect
+    from retire import RetireEngine
+    from retire.trials.shapes import shape_env, shape_kwargs
+    path, kw = shape_kwargs("unit")
+    with shape_env("unit"):
+        eng = RetireEngine(path, "retire", **kw)
+    await eng.submit("s", list(range(5, 60)), SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    run = await collect(eng, "s")
+    ref = weakref.ref(eng.engine_client)
+    await eng.close()
+    print("tokens", len(run.tokens), "collected", ref() is None, flush=True)
+    try:
+        eng.engine_client
+    except Exception as e:
+        print("after close:", type(e).__name__, flush=True)
+
+if __name__ == "__main__":
+    asyncio.run(main())
+'''
+
+PLAIN_STOCK = '''
+import asyncio
+
+async def main():
+    from vllm import SamplingParams
+    from oracles.runs import OracleEngine
+    from retire.trials.shapes import shape_env, shape_kwargs
+    path, kw = shape_kwargs("unit")
+    with shape_env("unit"):
+        o = OracleEngine(path, **kw)
+    await o.clean_run(list(range(5, 60)), SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    o.llm.shutdown()  # vLLM's own shutdown, no release
+    print("stopped", flush=True)
+
+if __name__ == "__main__":
+    asyncio.run(main())
+'''
+
+
+def _run(tmp_path, code: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "prog.py"
+    script.write_text(code)
+    return subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=240,
+                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+
+
+@pytest.mark.timeout(300)
+def test_closing_the_last_facade_collects_the_engine_and_exit_is_quiet(tmp_path):
+    p = _run(tmp_path, SUBJECT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "tokens 3 collected True" in p.stdout, p.stdout
+    assert "after close: EngineClosed" in p.stdout, p.stdout
+    assert NOISE not in p.stderr, p.stderr[-3000:]
+
+
+@pytest.mark.timeout(300)
+def test_negative_control_a_plain_shutdown_prints_the_exit_traceback(tmp_path):
+    p = _run(tmp_path, PLAIN_STOCK)
+    assert p.returncode == 0 and "stopped" in p.stdout, p.stderr[-3000:]
+    assert NOISE in p.stderr, "the checker could not see vLLM's exit traceback"
