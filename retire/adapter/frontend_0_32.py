@@ -82,9 +82,13 @@ async def reset_prefix_cache(llm) -> bool:
     return bool(await llm.reset_prefix_cache())
 
 
+RELEASE_WAIT_S = 5.0
+
+
 async def released(llm) -> None:
     """After `llm.shutdown()`, with no other reference to `llm` left: wait for its cancelled output handler to end
-    (a barrier on the task, not a sleep), then collect the AsyncLLM now. It sits in a reference cycle; left to the
+    (a barrier on the task, not a sleep, bounded by RELEASE_WAIT_S: a handler that ignores its cancellation only
+    leaves the AsyncLLM uncollected), then collect the AsyncLLM now. It sits in a reference cycle; left to the
     interpreter's exit, its `__del__` shuts down again with the module globals gone and prints `TypeError:
     'NoneType' object is not callable`."""
     import asyncio
@@ -93,7 +97,7 @@ async def released(llm) -> None:
     task = getattr(llm, "output_handler", None)
     del llm
     if task is not None and not task.done():
-        await asyncio.wait([task])
+        await asyncio.wait([task], timeout=RELEASE_WAIT_S)
     del task
     gc.collect()
 
