@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from conformance.fixtures.engines import EXIT_NOISE as NOISE
+
 ROOT = Path(__file__).resolve().parent.parent
-NOISE = "AsyncLLM.__del__"
 
 SUBJECT = '''
 import asyncio, gc, weakref

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from vllm import SamplingParams
 
+from conformance.fixtures.engines import EXIT_NOISE
 from conformance.fixtures.http import (auth, chat_body, completion_body, error_shape_ok, post, scope_hdr, stream,
                                        usage_cached)
 from conformance.fixtures.prompts import revise, tokens
@@ -43,7 +44,10 @@ def srv(device, pool):
             m = c.get("/metrics").text
             assert metric(m, "retire_obsolete_tokens_published_total") == 0
     finally:
-        s.stop(timeout=15)
+        rc = s.stop(timeout=30)
+    # SIGINT closes the facade, engine included, and the process exits cleanly with no vLLM exit traceback
+    assert rc == 0, f"retire serve exited with {rc} after SIGINT:\n{s.log_tail()}"
+    assert not any(EXIT_NOISE in line for line in s.lines), s.log_tail(80)
 
 
 @pytest.fixture

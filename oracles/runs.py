@@ -81,6 +81,7 @@ class OracleEngine:
         kw.pop("scheduler_cls", None)
         kw.pop("worker_extension_cls", None)
         self.model, self.shape = model, kw
+        self._stopped = None  # the AsyncLLM between shutdown() and released()
         self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **kw))
 
     async def _generate(self, prompt: Sequence[int], sampling, salt: str | None, skip_cache: bool) -> Run:
@@ -130,13 +131,20 @@ class OracleEngine:
         return await self._generate(prompt, sampling, salt, skip_cache=False)
 
     def shutdown(self) -> None:
-        """Stop the engine; an async caller then awaits `released()` (the AsyncLLM is collected before it returns)."""
-        self._stopped, self.llm = self.llm, None
-        self._stopped.shutdown()
+        """Stop the engine (idempotent); an async caller then awaits `released()`, or calls `stop()` for both."""
+        if self.llm is not None:
+            self._stopped, self.llm = self.llm, None
+            self._stopped.shutdown()
 
     async def released(self) -> None:
+        """After shutdown: the stopped AsyncLLM is collected before this returns (see the adapter's `released`)."""
         from retire import adapter
 
-        llm, self._stopped = getattr(self, "_stopped", None), None
+        llm, self._stopped = self._stopped, None
         if llm is not None:
             await adapter.frontend().released(llm)
+
+    async def stop(self) -> None:
+        """shutdown() then released(), on the running loop (where AsyncLLM's output handler runs)."""
+        self.shutdown()
+        await self.released()

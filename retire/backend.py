@@ -118,7 +118,7 @@ class Backend:
 
     def shutdown(self) -> None:
         """Stop the engine. From here nothing reaches vLLM through this backend (`llm` is None); the caller of an
-        async close then awaits `released()`."""
+        async close then awaits `released()` (or calls `stop()`, which does both)."""
         if not self.closed:
             self.closed = True
             self._stopped, self.llm = self.llm, None
@@ -132,6 +132,11 @@ class Backend:
         llm, self._stopped = self._stopped, None
         if llm is not None:
             await self.fe.released(llm)
+
+    async def stop(self) -> None:
+        """shutdown() then released(), on the running loop: the async way to stop (idempotent)."""
+        self.shutdown()
+        await self.released()
 
     def _unlink_shared(self) -> None:
         self.mailbox.unlink()

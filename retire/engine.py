@@ -394,8 +394,7 @@ class RetireEngine:
         self.closed = True
         self.backend.refs -= 1
         if self.backend.refs == 0:
-            self.backend.shutdown()
-            await self.backend.released()
+            await self.backend.stop()
 
 
 def _check_names(tenant, scope) -> None:

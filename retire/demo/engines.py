@@ -93,6 +93,5 @@ class Engines:
             await self.close_subject()
         finally:
             for o in self.oracles.values():
-                o.shutdown()
-                await o.released()
+                await o.stop()
             self.oracles.clear()
