@@ -15,10 +15,17 @@ from .table_0_32 import SEAMS
 
 
 def start(model: str, kwargs: dict):
+    """A started AsyncLLM. This frame holds no local reference to it: when these imports are vLLM's first, vLLM keeps
+    an import error's traceback (`vllm.multimodal.media.audio._torchcodec_import_exc`, torchcodec being absent), and
+    its frames keep this one, locals included, for the life of the process; an engine held here could never be
+    collected after shutdown (conformance/test_engine_release.py)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **kwargs))
+    return _checked(AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **kwargs)))
+
+
+def _checked(llm):
     check_live(SEAMS, {"AsyncLLM": llm, "OutputProcessor": getattr(llm, "output_processor", None),
                        "InputProcessor": getattr(llm, "input_processor", None),
                        "AsyncMPClient": getattr(llm, "engine_core", None)})
