@@ -38,7 +38,8 @@ class Section:
     title: str
     shape: str
     run: Callable
-    repeats: int  # default repeats (paired rounds); `--repeats` overrides every section's
+    repeats: int  # default repeats (paired rounds; sized so `make run` stays under 5 minutes on 2 cores);
+    # `--repeats` overrides every section's
 
 
 def _sps():
@@ -175,13 +176,13 @@ SECTIONS = {s.id: s for s in (
             f"at frontier >= {IN_STEP_UNIT})", "long-8k", in_step, 2),
     Section("churn", 2, f"2: churned prefix (long, 320 KV blocks, {CHURN_PROMPT}-token prompt, revised shares "
             f"{CHURN_LCP}; {CHURN_LEVEL}x KV capacity of other traffic between revision and admission; TTFT from "
-            f"admission)", "long-churn", churn, 2),
+            f"admission)", "long-churn", churn, 1),
     Section("during-decode", 3, f"3: revision during decode (long, {DECODE_PROMPT}-token repo prompt, 90% shared, "
             f"slow consumer {int(SLOW_S * 1000)} ms/frame: SUPERSEDE after the consumer got 3 tokens and the engine "
             f"produced 4 more)", "long-churn", decode, 3),
     Section("tie", 4, f"4: the tie: the running step is shared with the revision (long, prefill unit {TIE_UNIT}, "
             f"{TIE_PROMPT}-token prompt, revised shares {TIE_LCP}; SUPERSEDE at frontier >= {TIE_UNIT})", "long-8k",
-            tie, 3),
+            tie, 2),
 )}
 # run order: sections that share a subject engine run back to back
 RUN_ORDER = ("in-step", "tie", "churn", "during-decode")
