@@ -95,6 +95,73 @@ def test_accepted_supersede_certifies_the_predecessors_blocks_and_reports_every_
     assert (st["supersedes"], st["inherited"], st["inherited_tokens"], st.get("cold", 0)) == (1, 1, 128, 0)
 
 
+class _PoolCalls:
+    """Every block vLLM's BlockPool is asked to touch or free, by id (read from the calls themselves, not through
+    the port under test)."""
+
+    def __init__(self, monkeypatch, pool):
+        self.touched: list[int] = []
+        self.freed: list[int] = []
+        touch, free = pool.touch, pool.free_blocks
+
+        def counted_touch(blocks):
+            blocks = list(blocks)
+            self.touched += [b.block_id for b in blocks]
+            return touch(blocks)
+
+        def counted_free(blocks):
+            blocks = list(blocks)
+            self.freed += [b.block_id for b in blocks]
+            return free(blocks)
+
+        monkeypatch.setattr(pool, "touch", counted_touch)
+        monkeypatch.setattr(pool, "free_blocks", counted_free)
+
+
+def test_certified_blocks_change_owner_without_a_reference_taken_or_given_back(monkeypatch):
+    """PIN moves the predecessor's own references to the handoff pin and RESUME hands them to the successor's table:
+    during the SUPERSEDE vLLM's pool touches no block and frees only the predecessor's old-only blocks; afterwards
+    each certified block has ref_cnt 1 (the successor's table) and the free count grew by the old-only blocks."""
+    core = EngineFreeCore()
+    old = _prefilled(core)
+    pool = core.s.kv_cache_manager.block_pool
+    table = [b.block_id for b in core.s.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks[old]]
+    free_before = pool.get_num_free_blocks()
+    calls = _PoolCalls(monkeypatch, pool)
+    res, succ = core.supersede("t", "s", 0, revise(P, 150, 220, 1))
+    assert res.inherited_tokens == 128 and res.certificate.block_ids == (tuple(table[:4]),)
+    assert calls.touched == [] and sorted(calls.freed) == sorted(table[4:])
+    assert [pool.blocks[b].ref_cnt for b in table[:4]] == [1, 1, 1, 1]
+    assert pool.get_num_free_blocks() - free_before == len(table) - 4
+    assert _stats(core)["handoff_moved"] == 1
+    assert core.audit()["valid"], core.audit()["violations"]
+
+
+def test_take_refuses_a_table_that_does_not_start_with_the_blocks_and_changes_nothing():
+    core = EngineFreeCore()
+    old = _prefilled(core)
+    m = core.s.kv_cache_manager.coordinator.single_type_managers[0]
+    table, cached = [b.block_id for b in m.req_to_blocks[old]], m.num_cached_block[old]
+    for wrong in ([table[1], table[0]], table[:2] + [core.port.null_block_id], table + [table[0]]):
+        assert core.port.take(old, [wrong]) is False
+        assert [b.block_id for b in m.req_to_blocks[old]] == table and m.num_cached_block[old] == cached
+    assert core.port.take("no-such-request", [table[:1]]) is False
+    assert core.audit()["valid"], core.audit()["violations"]
+
+
+def test_negative_control_a_take_that_leaves_the_predecessor_listing_the_blocks_is_caught(monkeypatch):
+    """A port whose `take` reports a move it did not make: the successor's table then lists blocks whose only
+    reference RECLAIM gave back with the predecessor, and the refcount audit reports them."""
+    core = EngineFreeCore()
+    _prefilled(core)
+    monkeypatch.setattr(core.s.retire.port, "take", lambda req_id, per_group: True)
+    res, succ = core.supersede("t", "s", 0, revise(P, 150, 220, 1))
+    assert res.inherited_tokens == 128
+    rep = core.audit()
+    over = [v for v in rep["violations"] if v.endswith("over-freed: ref_cnt=0 accounted=1")]
+    assert not rep["valid"] and len(over) == 4, rep  # each certified block
+
+
 def test_the_engines_figures_add_up_over_several_supersedes():
     """`stats` (the figures a soak reports) against what vLLM shows for each successor."""
     core = EngineFreeCore()
@@ -379,7 +446,7 @@ def test_an_adoption_the_port_did_not_install_is_caught(monkeypatch):
     (negative control of the adoption check; the accepted path above is its positive side)."""
     core = EngineFreeCore()
     _prefilled(core)
-    monkeypatch.setattr(core.s.retire.port, "alias", lambda handle, per_group, tokens: None)
+    monkeypatch.setattr(core.s.retire.port, "alias", lambda handle, per_group, tokens, **kw: None)
     with pytest.raises(AssertionError, match=r"^adoption not verified$"):
         core.supersede("t", "s", 0, revise(P, 150, 220, 1))
 

@@ -108,6 +108,8 @@ def test_kept_blocks_survive_the_drop_and_are_adopted(behind):
     revised = revise(list(core.s.requests[old].all_token_ids), lcp, lcp + 40, 5)  # prompt + generated tokens
     res, new = core.supersede("t", "s", 0, revised, contract=Contract())
     assert res.cold_reason is None and res.inherited_tokens == n, res
+    # a kept block filled a position vLLM nulled, so PIN took new references instead of moving the predecessor's
+    assert core.s.retire.counters["handoff_moved"] == (0 if dropped else 1), core.s.retire.counters
     succ = rec.table(new)
     assert [succ[i] for i in range(first_needed(n), n // BS)] == [rec.seen[old][i] for i in
                                                                    range(first_needed(n), n // BS)]

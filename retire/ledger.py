@@ -5,8 +5,10 @@ Invariants:
   a prefix-cache `touch` of a retained block does not bump, its content is kept).
 - A pin is one extra reference on each block it names, keyed by a typed `PinKey` (the version it serves and its
   kind: "handoff" from FENCE until adoption, "transfer" for a DRAM restore in flight, "slack" for a version's
-  revision slack) and counted against its tenant. `release` is the only way a pin ends; `adopt` records blocks whose
-  reference the caller already holds (a fresh allocation) without taking another. A slack pin changes block by block:
+  revision slack) and counted against its tenant. A pin ends by `release` (its references go back to the pool) or by
+  `hand_over` (a block table took them over: RESUME's adoption); `adopt` records blocks whose reference the caller
+  already holds (a fresh allocation, or the predecessor's own references moved by `port.take`) without taking
+  another. A slack pin changes block by block:
   `grow` takes one more reference per block, `shrink` gives exactly those back, `move` re-keys blocks to another pin
   of the same tenant without touching a reference.
 - For every non-null block: ref_cnt == (references from live requests' block tables) + (pins). `refcount_audit`
@@ -78,10 +80,20 @@ class PinLedger:
         self.by_tenant[tenant] += len(block_ids)
 
     def release(self, key: PinKey) -> int:
+        """End the pin `key`, giving its references back to the pool. Returns the blocks it held."""
+        return self._end(key, unpin=True)
+
+    def hand_over(self, key: PinKey) -> int:
+        """End the pin `key` whose references a block table now holds (RESUME's `alias(held=True)`): the blocks
+        keep them, none is given back. Returns the blocks it held."""
+        return self._end(key, unpin=False)
+
+    def _end(self, key: PinKey, *, unpin: bool) -> int:
         pin = self.pins.pop(key, None)
         if pin is None:
             return 0
-        self.port.unpin(pin.blocks)
+        if unpin:
+            self.port.unpin(pin.blocks)
         self.by_tenant[pin.tenant] -= len(pin.blocks)
         if not self.by_tenant[pin.tenant]:
             del self.by_tenant[pin.tenant]

@@ -5,7 +5,8 @@ ledgers and the DRAM tier's engine half speak only this port, in block ids and r
 any vLLM version the adapter supports, and on a real `BlockPool` with no model (engine-free tests).
 
 Operations are grouped as the SUPERSEDE uses them: reads (`view`, `blocks`, `frontier`), pins (`pin`/`unpin`: one
-reference each, the handoff pin), RESUME (`alias`, `admit`, `hold`), RECLAIM (`finish`), writer closure
+reference each; `take`: the predecessor's own references, moved to the handoff pin), RESUME (`alias`, `admit`,
+`hold`; `alias(held=True)` hands the pin's references to the successor's table), RECLAIM (`finish`), writer closure
 (`rollback`, `evict_hashes`), the DRAM restore (`alloc`), and the audit (`ref_counts`, `tables`).
 """
 from __future__ import annotations
@@ -57,7 +58,8 @@ class KVPort(Protocol):
     def on_alloc(self, fn: Callable[[Iterable[int]], None]) -> None: ...
 
     # -- RESUME / RECLAIM
-    def alias(self, handle: Any, per_group: Sequence[Sequence[int]], tokens: int) -> None: ...
+    def take(self, req_id: str, per_group: Sequence[Sequence[int]]) -> bool: ...  # its table's leading refs, moved
+    def alias(self, handle: Any, per_group: Sequence[Sequence[int]], tokens: int, *, held: bool = False) -> None: ...
     def skip_prefix_cache(self, handle: Any) -> None: ...
     def admit(self, handle: Any) -> None: ...                  # vLLM's own admission
     def hold(self, handle: Any) -> None: ...                   # known to the scheduler, not schedulable

@@ -10,10 +10,15 @@ Invariants (each stage is a method below; `supersede` runs them in order, atomic
   keep null placeholders before the window; the predecessor must be live and share the successor's fingerprint.
   The LCP reads vLLM's chained prefix-cache hashes first when the port trusts them (sha256): equal hashes prove the
   leading full blocks equal in O(log blocks); only the tokens after them are compared.
-- PIN: the certified blocks carry one handoff pin from here until adoption is verified.
-- RESUME: generations re-checked; the successor's table aliases the certified blocks (or, under the DRAM tier, it is
-  held for a restore); a successor that inherits nothing reads no prefix cache at all.
+- PIN: the certified blocks carry one handoff pin from here until adoption is verified. The pin is the
+  predecessor's own references, moved out of its table (`port.take`), when its table starts with exactly the
+  certified blocks; otherwise (revision slack filled a position vLLM nulled) it takes new ones.
+- RESUME: generations re-checked; the successor's table aliases the certified blocks and the handoff pin's
+  references become its table's (`alias(held=True)`, `hand_over`) (or, under the DRAM tier, it is held for a
+  restore); a successor that inherits nothing reads no prefix cache at all, and its pin is released.
 - RECLAIM: the predecessor is finished after the successor is admitted; its old-only blocks return to the pool.
+  Together: each certified block changes owner without a reference taken or given back, so the O(certified blocks)
+  work of a transition is reads and list moves, not pool operations.
 - Revision slack (`retire/slack.py`, opt-in by contract): the sliding-window blocks a version keeps behind its
   frontier fill ALIGN's view of its table; they are updated after every committed step and end at RECLAIM (the
   successor takes over those its own slack covers).
@@ -46,6 +51,7 @@ class Plan:
     per_group: list[list[int]] = field(default_factory=list)
     alignment: Alignment | None = None
     reason: str | None = None
+    old_id: str | None = None  # the predecessor whose table holds `per_group` (PIN moves its references)
 
 
 class TransitionCore:
@@ -142,7 +148,7 @@ class TransitionCore:
         if reason is not None:
             return Plan(alignment=a, reason=reason)
         per_group, reason = self._certified_blocks(old_id, n)
-        return Plan(n if reason is None else 0, per_group if reason is None else [], a, reason)
+        return Plan(n if reason is None else 0, per_group if reason is None else [], a, reason, old_id)
 
     def _eligibility(self, old, new, contract) -> str | None:
         if not contract.inherit:
@@ -188,7 +194,12 @@ class TransitionCore:
             flat.extend(g if null not in g else [b for b in g if b != null])
         gens = [self.gens.of(g) for g in plan.per_group]
         if flat:
-            self.pins.pin(PinKey(tag.key, "handoff"), tag.tenant, flat)
+            key = PinKey(tag.key, "handoff")
+            if plan.old_id is not None and self.port.take(plan.old_id, plan.per_group):
+                self.pins.adopt(key, tag.tenant, flat)  # the predecessor's references move: none taken, none freed
+                self.counters["handoff_moved"] += 1
+            else:  # its table no longer starts with them (revision slack filled a nulled position): new references
+                self.pins.pin(key, tag.tenant, flat)
             if hook.get("bump_generation"):  # GenerationRace fault: a certified block is reallocated after ALIGN
                 self.gens.bump([flat[int(hook.get("index", 0)) % len(flat)]])
         return flat, gens
@@ -202,7 +213,7 @@ class TransitionCore:
                 reason = self.dram.hold(tag.key, handle, plan.per_group, plan.tokens)
                 dram_held = reason is None
             else:
-                self.port.alias(handle, plan.per_group, plan.tokens)
+                self.port.alias(handle, plan.per_group, plan.tokens, held=True)  # the handoff pin's references
                 adopted = self.port.blocks(handle.request_id)
                 assert all(a[: len(g)] == g for a, g in zip(adopted, plan.per_group)), "adoption not verified"
                 inherited = plan.tokens
@@ -217,7 +228,9 @@ class TransitionCore:
             self.holds.hold(tag.key.scope, handle)
         else:
             self.port.admit(handle)
-        if flat and not dram_held:
+        if inherited:
+            self.pins.hand_over(PinKey(tag.key, "handoff"))  # the successor's table holds its references now
+        elif flat and not dram_held:
             self.pins.release(PinKey(tag.key, "handoff"))
         return inherited, dram_held, reason
 

@@ -132,16 +132,34 @@ class SchedulerPort:
         self.pool.get_new_blocks = get_new_blocks
 
     # ------------------------------------------------------------------ RESUME / RECLAIM
-    def alias(self, handle: Any, per_group: Sequence[Sequence[int]], tokens: int) -> None:
-        """The successor's block table starts with the certified blocks (one new reference each; placeholders are
-        the null block, as in vLLM's own sliding-window tables) and `tokens` of it count as computed."""
+    def take(self, req_id: str, per_group: Sequence[Sequence[int]]) -> bool:
+        """Move the request's references on the leading blocks of its table, `per_group`, to the caller: its table
+        no longer lists them, so finishing it frees only the rest. False, and nothing changed, unless every group's
+        table starts with exactly those ids (placeholders included: a table holding a live block where `per_group`
+        has the null placeholder, or the reverse, is refused). O(certified blocks), compared at C level."""
+        tables = [m.req_to_blocks.get(req_id) for m in self.mgrs]
+        for t, ids in zip(tables, per_group):
+            if ids and (t is None or list(map(_ID, t[: len(ids)])) != list(ids)):
+                return False
+        for m, t, ids in zip(self.mgrs, tables, per_group):
+            if ids:
+                del t[: len(ids)]
+                m.num_cached_block[req_id] = max(0, m.num_cached_block.get(req_id, 0) - len(ids))
+        return True
+
+    def alias(self, handle: Any, per_group: Sequence[Sequence[int]], tokens: int, *, held: bool = False) -> None:
+        """The successor's block table starts with the certified blocks (placeholders are the null block, as in
+        vLLM's own sliding-window tables) and `tokens` of it count as computed. Each block gets one new reference,
+        or, `held`, the caller's reference becomes the table's (no reference is taken; vLLM does not count the null
+        block's references either: its own sliding-window tables place it untouched)."""
         rid = handle.request_id
         for m, ids in zip(self.mgrs, per_group):
             if not ids:
                 continue
             blocks = (self._blocks(ids) if self.null_block_id not in ids else
                       [self.pool.null_block if i == self.null_block_id else self.pool.blocks[i] for i in ids])
-            self.pool.touch(blocks)
+            if not held:
+                self.pool.touch(blocks)
             m.req_to_blocks[rid].extend(blocks)
             m.num_cached_block[rid] = len(blocks)
         handle.num_computed_tokens = int(tokens)
