@@ -13,7 +13,7 @@ Invariants:
   every destination block still has the generation recorded at allocation; otherwise the transfer is rejected ("late
   transfer"): its blocks are freed, nothing is installed.
 - Every block is accounted at all times: sources by the handoff pin until copy-out, destinations by the transfer pin
-  until install or rejection, then by the successor's table.
+  until install (which hands its references to the successor's table) or rejection (which frees them).
 - A newer SUPERSEDE of the scope retires a pending handoff (`retire_stale`): its source pin is released if copy-out
   never finished, and the DRAM copy is reported for the frontend to drop (unless a transfer is in flight, whose late
   install is rejected and drops it).
@@ -112,9 +112,11 @@ class DramLedger:
             ok, reason = False, "generation mismatch: a restored block was reallocated during the transfer"
         del self.pending[key.scope]
         handle = self.holds.held[key.scope]
-        if ok:
-            self.port.alias(handle, p.dst, p.tokens)
-        self.pins.release(PinKey(key, "transfer"))
+        if ok:  # the transfer pin's references become the successor's table's
+            self.port.alias(handle, p.dst, p.tokens, held=True)
+            self.pins.hand_over(PinKey(key, "transfer"))
+        else:
+            self.pins.release(PinKey(key, "transfer"))
         self.holds.release(key.scope)
         self.counters["dram_restored" if ok else "dram_cold"] += 1
         if ok:  # RESUME counted the held successor as cold; it inherited after all
