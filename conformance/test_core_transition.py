@@ -174,6 +174,7 @@ def test_the_engines_figures_add_up_over_several_supersedes():
     assert inherited == [128, 96, 0, 0]
     st = _stats(core)
     assert (st["supersedes"], st["inherited"], st["inherited_tokens"], st["cold"]) == (4, 2, 224, 2)
+    assert st["handoff_moved"] == 2  # each inheriting successor took over its predecessor's references
     core.supersede("t", "a", 5, P)
     core.supersede("t", "a", 7, P)
     assert _stats(core)["refused"] == 2 and _stats(core)["supersedes"] == 4
@@ -223,8 +224,13 @@ def test_a_cold_reason_is_kept_even_when_the_prefix_is_shared():
     assert _scheduled(core)[succ] == (0, 202)
 
 
-def test_pin_quota_counts_the_tenants_outstanding_pins():
+@pytest.mark.parametrize("take", ["moves", "refused"])
+def test_pin_quota_counts_the_tenants_outstanding_pins(monkeypatch, take):
+    """`take`: PIN moved the predecessor's references, or (its table did not start with the certified blocks, as
+    when a revision-slack block fills a nulled position) took new ones: the pin counts against the tenant either way."""
     core = EngineFreeCore()
+    if take == "refused":
+        monkeypatch.setattr(core.s.retire.port, "take", lambda req_id, per_group: False)
     _prefilled(core, scope="d", prompt=P)
     held, _ = core.supersede("t", "d", 0, revise(P, 150, 220, 1), contract=Contract(dram_tier=True))
     assert held.dram is not None and core.s.retire.pins.pinned("t") == 4  # a DRAM handoff pins 4 of t's blocks
