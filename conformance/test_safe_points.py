@@ -381,17 +381,69 @@ def test_sliced_attention_step_is_bit_identical_to_the_unsliced_step(long8k, ste
                     await _one_long_prefill(h.retire, repo_prompt(prompt_len, seed=404), False, f"unsliced-{step}"))
         finally:
             if rows:
-                await h.retire.backend.worker("retire_slicing", None, 8192, 1024)  # the worker's defaults
+                await h.retire.backend.worker("retire_slicing", None, *h.retire.backend.slicing_defaults())
 
     (run_s, kv_s, lg_s, calls_s, info), (run_u, kv_u, lg_u, calls_u, _) = h.run(go())
     attn, mlp = info["verdict"], info["mlp"]["verdict"]
-    assert mlp["exact"], info
+    # the MLP splits where its row count is exact on this kernel; elsewhere the difference is measured and the MLP
+    # runs whole (oneDNN with AMX: 512-row slices differ, 1024-row ones do not)
+    assert mlp["exact"] or (mlp["max_abs_diff"] > 0 and "differs" in mlp["reason"]), info
     if attn.get("isa") == "vec":
         assert attn["exact"], info
     else:  # an ISA whose q-tile the slicer does not know ("amx" on a CPU with AMX): attention runs whole
         assert not attn["exact"] and "unknown" in attn["reason"], info
     # every layer sliced (attention where its split is exact, the MLP) in the long step only
-    assert calls_s == (8 if attn["exact"] else 0, 8) and calls_u == (0, 0), (calls_s, calls_u, attn)
+    want = (8 if attn["exact"] else 0, 8 if mlp["exact"] else 0)
+    assert calls_s == want and calls_u == (0, 0), (calls_s, calls_u, attn, info["mlp"], info.get("density"))
     assert len(kv_s) == prompt_len // 32 and kv_s == kv_u
     assert len(lg_s) == len(lg_u) >= 2 and lg_s == lg_u
     assert run_s.tokens == run_u.tokens and run_s.logprobs == run_u.logprobs
+
+
+async def _revise_running(eng, scope: str) -> None:
+    """One real SUPERSEDE of a running (decoding) request: the facade posts its revocation to the mailbox."""
+    prompt = repo_prompt(300, seed=406)
+    await eng.submit(scope, prompt, SamplingParams(max_tokens=200, temperature=0, ignore_eos=True))
+    old = asyncio.ensure_future(collect(eng, scope, 0))
+    await wait_engine(eng, scope, out_tokens=1)
+    await eng.supersede(scope, 0, revise(prompt, 200, 320, 406), SP_OLD)
+    await collect(eng, scope, 1)
+    await old
+
+
+def test_fine_tier_runs_while_revisions_arrive_and_is_bit_identical_to_the_static_tier(long8k):
+    """The density rule end to end (retire/density.py). With the rule off, a 2048-token armed step runs the static
+    tier (no slices: 2048 < 8192). After a real SUPERSEDE, inside the window, the same step runs the fine tier (every
+    layer's attention and MLP in 512-token slices) and publishes the same tokens and logprobs, writes the same KV
+    and computes the same logits (`==`). Negative control: once the window has passed, the static tier is back, so
+    the window decides, not the count of revisions so far."""
+    h = long8k
+    prompt = repo_prompt(2100, seed=405)
+
+    async def go():
+        eng = h.retire
+        b = eng.backend
+        await b.ensure_safe_points()
+        await b.sched("set_step_tokens", {"tokens": 2048})
+        min_t, rows, window, fine = b.slicing_defaults()
+        try:
+            await b.worker("retire_slicing", None, min_t, rows, 0.0)
+            static = await _one_long_prefill(eng, prompt, True, "tier-static")
+            await b.worker("retire_slicing", None, min_t, rows, 3600.0)
+            await _revise_running(eng, "tier-revised")
+            fine_run = await _one_long_prefill(eng, prompt, True, "tier-fine")
+            await b.worker("retire_slicing", None, min_t, rows, 1e-6)
+            expired = await _one_long_prefill(eng, prompt, True, "tier-expired")
+        finally:
+            await b.worker("retire_slicing", None, min_t, rows, window, fine)
+        return static, fine_run, expired
+
+    (run_s, kv_s, lg_s, calls_s, info), (run_f, kv_f, lg_f, calls_f, _), (run_e, kv_e, lg_e, calls_e, _) = h.run(go())
+    attn_exact = info["verdict"]["exact"]
+    # the fine tier's MLP splits at 512 rows, or at the static 1024 where 512 is inexact on this kernel (AMX)
+    assert info["mlp"]["fine_verdict"]["exact"] or info["mlp"]["verdict"]["exact"], info
+    assert calls_s == (0, 0) and calls_e == (0, 0), (calls_s, calls_e)
+    assert calls_f == (8 if attn_exact else 0, 8), (calls_f, info["verdict"])
+    assert len(kv_s) == 2100 // 32 and kv_f == kv_s == kv_e
+    assert len(lg_s) >= 2 and lg_f == lg_s == lg_e
+    assert run_f.tokens == run_s.tokens == run_e.tokens and run_f.logprobs == run_s.logprobs == run_e.logprobs

@@ -9,6 +9,8 @@ Invariants:
 - Only the scheduler clears an entry, when it processes the SUPERSEDE that posted it (accepted or refused), after any
   step that saw it; so a revoked id is visible for as long as any step of it may run.
 - Entries are fixed-size slots with a seqlock each: readers never use a torn write.
+- `last_post_ns` is the CLOCK_MONOTONIC time of the latest `post` (0: none yet); the worker reads it at the start
+  of an armed step to choose its safe-point density (retire/density.py).
 - A control word can hold the worker at a given layer of the next armed step (test barrier for landing a revision
   at an exact point inside a step; step-by-step driving, not a sleep in the test).
 """
@@ -23,7 +25,8 @@ from .shm import SharedFile, create_file
 SLOTS = 256
 ENTRY = struct.Struct("<QQqq16s")  # seq, live, lcp, new_len, key
 SLOT = ENTRY.size
-HDR = 64                         # control: pause_layer, paused, release, cuts, checks, pause_for, pauses (i64 each)
+HDR = 64                         # control: pause_layer, paused, release, cuts, checks, pause_for, pauses,
+#                                  last_post_ns (i64 each)
 LOG = 1024                       # last safe-point decision, JSON, length-prefixed
 SIZE = HDR + SLOTS * SLOT + LOG
 ENV = "RETIRE_MAILBOX"
@@ -76,8 +79,13 @@ class Mailbox(SharedFile):
             e = self._read(k)
             if e is not None and not e[1]:
                 self._write(k, 1, int(lcp), int(new_len), kb)
+                self._set(7, time.monotonic_ns())
                 return
         raise RuntimeError(f"revocation mailbox full ({SLOTS} revocations in flight)")
+
+    def last_post_ns(self) -> int:
+        """CLOCK_MONOTONIC nanoseconds of the latest revocation posted (0: none yet)."""
+        return self._get(7)
 
     def clear(self, req_id: str) -> bool:
         kb = key(req_id)

@@ -4,9 +4,12 @@ Invariants:
 - The MLP is position-wise: row i of its output is a function of row i of its input alone. Splitting the rows
   changes only the M of its GEMMs, and whether that stays bit-identical is the kernel's business (oneDNN's prepacked
   matmul, the sgl kernel, torch's linear). So the install-time self-check (`selfcheck`) runs this model's own MLP
-  modules (the first of each class) on random rows of their input width, whole and in row slices, and splitting is
-  enabled only if every one is `torch.equal`; otherwise `verdict` carries the largest difference and every MLP runs whole (its safe point stays
-  the one before it).
+  modules (the first of each class) on random rows of their input width, whole and in row slices, once for EVERY row
+  count a step may use (the static one and the fine tier's: retire/density.py), and a step splits at a row count
+  only if its check found every module `torch.equal`; otherwise that verdict carries the largest difference, a fine
+  tier falls back to the static row count (`usable_rows`), and where that is inexact too the MLP runs whole (its
+  safe point stays the one before it). Some kernels are exact only at some row counts (oneDNN with AMX: 64 and
+  768-2048 rows exact, 128-512 not, on the `long` model).
 - Splitting runs only inside an armed step of at least `min_tokens` scheduled tokens, and only for an input of at
   least two slices. Slices are contiguous row ranges of `rows` rows, run in order, and concatenated: the MLP's output
   has the unsplit shape and (by the self-check) its values. Between two slices the worker calls `check(layer,
@@ -30,9 +33,25 @@ class MlpSplitter:
         self.enabled = True              # test switch: False runs the unsplit reference
         self.check = None                # safe point between slices: check(layer, fraction)
         self.split_calls = 0
-        self.verdict = self._verdict(worker)
+        self._worker = worker
+        self.verdicts: dict[int, dict] = {}  # self-check verdict per row count (`verdict_for`)
+        self.verdict = self.verdict_for(self.rows)
+        self._rows = self.rows               # the row count of the armed step (`arm`)
 
-    def _verdict(self, worker) -> dict:
+    def verdict_for(self, rows: int) -> dict:
+        """The install-time self-check for slices of `rows` rows, run once per row count."""
+        rows = int(rows)
+        if rows not in self.verdicts:
+            self.verdicts[rows] = self._verdict(self._worker, rows)
+        return self.verdicts[rows]
+
+    def set_rows(self, rows: int) -> dict:
+        """Make `rows` the static row count; its own self-check governs the split from now on."""
+        self.rows = int(rows)
+        self.verdict = self.verdict_for(self.rows)
+        return self.verdict
+
+    def _verdict(self, worker, rows: int) -> dict:
         mods = [m for m in self.mlps if m is not None]
         if len(mods) != len(self.mlps) or not mods:
             return {"exact": False, "reason": "a decoder layer has no `mlp` module: MLP safe points only"}
@@ -44,19 +63,31 @@ class MlpSplitter:
             first.setdefault(type(m), m)
         v = {"exact": True}
         for m in first.values():
-            v = dict(selfcheck(m, hidden, dtype, self.rows), module=type(m).__name__)
+            v = dict(selfcheck(m, hidden, dtype, rows), module=type(m).__name__)
             if not v["exact"]:
                 break
         if not v["exact"]:
-            log.warning("retire: row-split MLP is not bit-identical on this kernel (%s); the MLP runs whole",
-                        v.get("reason"))
+            log.warning("retire: row-split MLP is not bit-identical on this kernel at %d rows (%s); the MLP runs "
+                        "whole", rows, v.get("reason"))
         return dict(v, dtype=str(dtype), threads=torch.get_num_threads())
 
-    def active(self, total_tokens: int) -> bool:
-        return self.enabled and self.verdict.get("exact", False) and total_tokens >= self.min_tokens
+    def usable_rows(self, rows: int) -> int:
+        """`rows` if its self-check passed, else the static row count (a tier whose row count is inexact on this
+        kernel still splits, at the static rows, whose own verdict `active` then applies)."""
+        rows = int(rows)
+        return rows if self.verdicts.get(rows, {}).get("exact", False) else self.rows
 
-    def arm(self, check) -> list:
+    def active(self, total_tokens: int, min_tokens: int | None = None, rows: int | None = None) -> bool:
+        """Whether a step of `total_tokens` splits its MLP, at `min_tokens` / `rows` (default: the static ones).
+        A row count whose self-check has not run (or failed) never splits."""
+        rows = self.rows if rows is None else int(rows)
+        v = self.verdict if rows == self.rows else self.verdicts.get(rows, {})
+        lo = self.min_tokens if min_tokens is None else int(min_tokens)
+        return self.enabled and v.get("exact", False) and total_tokens >= lo
+
+    def arm(self, check, rows: int | None = None) -> list:
         self.check = check
+        self._rows = self.rows if rows is None else int(rows)
         return [self.wk.wrap_forward(m, self._forward_for(i)) for i, m in enumerate(self.mlps)]
 
     def disarm(self, undo: list) -> None:
@@ -67,14 +98,15 @@ class MlpSplitter:
     def _forward_for(self, layer_idx: int):
         def forward(orig, x, *args, **kwargs):
             n = int(x.shape[0])
-            if args or kwargs or x.dim() != 2 or n < 2 * self.rows:
+            rows = self._rows
+            if args or kwargs or x.dim() != 2 or n < 2 * rows:
                 return orig(x, *args, **kwargs)
             import torch
             outs = []
-            for lo in range(0, n, self.rows):
+            for lo in range(0, n, rows):
                 if lo:
                     self.check(layer_idx, lo / n)
-                outs.append(orig(x[lo:lo + self.rows]))
+                outs.append(orig(x[lo:lo + rows]))
             self.split_calls += 1
             return torch.cat(outs)
         return forward

@@ -5,10 +5,12 @@ Invariants:
   unreliably in compiled graphs: there we log once and fall back to the step boundary). The hooks exist only while an
   armed step runs (registered at its start, removed at its end), so unarmed steps, every decode step among them, pay
   one integer comparison and run the layers on PyTorch's hook-free call path.
-- Safe points of an armed step: the start of every decoder layer and of its MLP, and, in a step of at least
-  `slice_min_tokens` tokens on a kernel whose split is bit-identical (retire/slicing.py), between the query slices of
-  every layer's attention and between the row slices of every layer's MLP (retire/mlp_split.py, on a kernel whose
-  row split is bit-identical). At each one the worker reads the revocation mailbox.
+- Safe points of an armed step: the start of every decoder layer and of its MLP, and, in a step of at least the
+  tier's `min_tokens` tokens on a kernel whose split is bit-identical (retire/slicing.py), between the query slices
+  of every layer's attention and between the row slices of every layer's MLP (retire/mlp_split.py, on a kernel whose
+  row split is bit-identical at the tier's row count). The tier (static, or fine while revisions arrive) is chosen
+  once, at the step's start (retire/density.py) and recorded in the decision. At each safe point the worker reads
+  the revocation mailbox.
 - A step holding a revoked request is cut only when the cost model (`decide`) predicts the successor's first token
   earlier by cutting, counting the work every OTHER request of the step loses: the whole chunk of each innocent is
   recomputed in the next step (`innocent_tokens`). So a mixed step is cut when its obsolete remainder outweighs the
@@ -39,6 +41,7 @@ import logging
 import time
 
 from . import adapter
+from .density import Density
 from .mailbox import key as mailbox_key
 
 log = logging.getLogger("retire.safepoints")
@@ -84,7 +87,8 @@ def decide(*, chunk: tuple[int, int], lcp: int, new_len: int, block: int, elapse
 
 
 class SafePoints:
-    def __init__(self, worker, mailbox, min_tokens: int, block: int, slice_min_tokens: int = 8192):
+    def __init__(self, worker, mailbox, min_tokens: int, block: int, slice_min_tokens: int = 8192,
+                 density: Density | None = None):
         self.wk = adapter.worker()
         self.worker, self.mb, self.min_tokens, self.block = worker, mailbox, min_tokens, block
         self.layers = self.wk.decoder_layers(worker)
@@ -97,6 +101,19 @@ class SafePoints:
         self.armed = None
         self.installed = False
         self.last_cost: float | None = None  # seconds per token of the last armed step (predictions at p = 0)
+        self.density = density or Density()
+        self.tiers = {"static": 0, "fine": 0}  # armed steps per safe-point tier
+
+    def set_density(self, density: Density) -> None:
+        """Adopt a density rule; the fine tier's MLP row count is self-checked first (retire/mlp_split.py)."""
+        if self.splitter is not None:
+            self.splitter.verdict_for(min(density.fine[1], self.splitter.rows))
+        self.density = density
+
+    def _tier(self) -> tuple[int, int, str]:
+        static = ((self.slicer.min_tokens, self.slicer.slice_tokens) if self.slicer is not None
+                  else (self.slice_min_tokens, 1024))
+        return self.density.tier(static=static, last_post_ns=self.mb.last_post_ns(), now_ns=time.monotonic_ns())
 
     def install(self, wrapper=None) -> bool:
         """Attach to the worker's one step wrapper (retire/worker_step.py), in eager mode only."""
@@ -108,6 +125,7 @@ class SafePoints:
         from .mlp_split import MlpSplitter
         self.slicer = AttentionSlicer(self.worker, self.layers, min_tokens=self.slice_min_tokens)
         self.splitter = MlpSplitter(self.worker, self.mlps, min_tokens=self.slice_min_tokens)
+        self.set_density(self.density)
         if wrapper is None:
             from .worker_step import StepWrapper
             wrapper = StepWrapper.of(self.worker)
@@ -124,11 +142,14 @@ class SafePoints:
                       "paused": 0.0, "decided": False, "total": total, "layer_t": []}
         handles = [layer.register_forward_pre_hook(h) for layer, h in zip(self.layers, self.hooks)]
         handles += [m.register_forward_pre_hook(h) for m, h in zip(self.mlps, self.mlp_hooks) if m is not None]
-        sliced = self.slicer is not None and self.slicer.active(total)
-        split = self.splitter is not None and self.splitter.active(total)
-        undo = self.slicer.arm(self._slice_point) if sliced else []
-        split_undo = self.splitter.arm(self._mlp_slice_point) if split else []
-        self.armed["sliced"], self.armed["split"] = sliced, split
+        lo, rows, tier = self._tier()
+        self.tiers[tier] += 1
+        sliced = self.slicer is not None and self.slicer.active(total, lo)
+        mrows = self.splitter.usable_rows(rows) if self.splitter is not None else rows
+        split = self.splitter is not None and self.splitter.active(total, lo, mrows)
+        undo = self.slicer.arm(self._slice_point, rows) if sliced else []
+        split_undo = self.splitter.arm(self._mlp_slice_point, mrows) if split else []
+        self.armed.update(sliced=sliced, split=split, tier=tier)
         try:
             out = orig(so, *args, **kwargs)
             self.last_cost = self._elapsed(self.armed) / total
@@ -210,7 +231,8 @@ class SafePoints:
                    progress=self._progress(a, i, within), step_tokens=a["total"],
                    innocent_tokens=sum(ids[r][1] for r in innocents), per_token_cost=self.last_cost)
         a["decided"] = True
-        d.update(layer=i, at=where, sliced=a["sliced"], split=a["split"], req_ids=hit, innocents=len(innocents),
+        d.update(layer=i, at=where, sliced=a["sliced"], split=a["split"], tier=a["tier"], req_ids=hit,
+                 innocents=len(innocents),
                  path="safe-point" if d["cut"] else ("step-boundary:mixed" if innocents else "finish-step"))
         self._log(d)
         if d["cut"]:

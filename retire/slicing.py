@@ -98,6 +98,7 @@ class AttentionSlicer:
         self.enabled = True              # test switch: False runs the unsliced reference
         self.check = None                # safe point between slices: check(layer, fraction)
         self.sliced_calls = 0
+        self._rows = self.slice_tokens   # the slice size of the armed step (`arm`)
         self._plans: dict[int, list] = {}
         self.verdict = self._verdict(worker)
 
@@ -127,11 +128,15 @@ class AttentionSlicer:
         return v
 
     # ------------------------------------------------------------------ one armed step
-    def active(self, total_tokens: int) -> bool:
-        return self.enabled and self.verdict.get("exact", False) and total_tokens >= self.min_tokens
+    def active(self, total_tokens: int, min_tokens: int | None = None) -> bool:
+        lo = self.min_tokens if min_tokens is None else int(min_tokens)
+        return self.enabled and self.verdict.get("exact", False) and total_tokens >= lo
 
-    def arm(self, check) -> list:
+    def arm(self, check, rows: int | None = None) -> list:
+        """Wrap every attention module for one step, `rows` tokens per slice (default: the static slice size). The
+        slice count never changes what a query row computes (items are cut at q-tile multiples only)."""
         self.check = check
+        self._rows = self.slice_tokens if rows is None else int(rows)
         undo = []
         for i, mods in enumerate(self.attn):
             for m in mods:
@@ -165,7 +170,7 @@ class AttentionSlicer:
         if key not in self._plans:
             parsed = self.wk.parse_schedule(md.scheduler_metadata)
             qsl, seqs = md.query_start_loc.tolist(), md.seq_lens.tolist()
-            n = max(2, -(-int(md.num_actual_tokens) // self.slice_tokens))
+            n = max(2, -(-int(md.num_actual_tokens) // self._rows))
             slices = plan(parsed, qsl, seqs, self.verdict["tile_rows"], n)
             self._plans[key] = [self.wk.build_schedule(parsed, s, j == 0) for j, s in enumerate(slices)]
         return self._plans[key]
@@ -211,14 +216,20 @@ def selfcheck(wk, info: dict, dtype, tile: int, n_slices: int = 8, seed: int = 0
 
 
 # ---------------------------------------------------------------------- worker RPCs (retire/worker_ext.py)
-def control(worker, enabled: bool | None = None, *, min_tokens: int | None = None, rows: int | None = None) -> dict:
+def control(worker, enabled: bool | None = None, *, min_tokens: int | None = None, rows: int | None = None,
+            window_s: float | None = None, fine: tuple[int, int] | None = None) -> dict:
     """Switch slicing (attention query slices and MLP row slices) on/off in this worker (test: the unsliced reference
-    run), optionally set the step size from which they run (`min_tokens`) and the tokens per slice (`rows`), and
-    report both verdicts."""
+    run), optionally set the static tier (the step size from which slices run, `min_tokens`, and the tokens per
+    slice, `rows`) and the density rule (`window_s`, `fine`: retire/density.py), and report all of them with both
+    verdicts. Every value is checked before any is applied: a refused call changes nothing."""
     sp = getattr(getattr(worker, "_retire_step", None), "safe_points", None)
     sl, mlp = getattr(sp, "slicer", None), getattr(sp, "splitter", None)
     if sl is None:
         return {"installed": False}
+    density = sp.density.with_(window_s=window_s, fine=fine)
+    for v in (min_tokens, rows):
+        if v is not None and int(v) < 1:
+            raise ValueError(f"slice min_tokens and rows must be >= 1, got {v!r}")
     for part in (sl, mlp):
         if part is None:
             continue
@@ -229,12 +240,15 @@ def control(worker, enabled: bool | None = None, *, min_tokens: int | None = Non
     if rows is not None:
         sl.slice_tokens = int(rows)
         if mlp is not None:
-            mlp.rows = int(rows)
+            mlp.set_rows(rows)
+    sp.set_density(density)
     out = {"installed": True, "enabled": sl.enabled, "sliced_calls": sl.sliced_calls,
-           "min_tokens": sl.min_tokens, "slice_tokens": sl.slice_tokens, "verdict": sl.verdict}
+           "min_tokens": sl.min_tokens, "slice_tokens": sl.slice_tokens, "verdict": sl.verdict,
+           "density": dict(density.report(), tiers=dict(sp.tiers))}
     if mlp is not None:
         out["mlp"] = {"enabled": mlp.enabled, "split_calls": mlp.split_calls, "min_tokens": mlp.min_tokens,
-                      "rows": mlp.rows, "verdict": mlp.verdict}
+                      "rows": mlp.rows, "verdict": mlp.verdict,
+                      "fine_verdict": mlp.verdicts.get(min(density.fine[1], mlp.rows))}
     return out
 
 

@@ -103,7 +103,8 @@ class RetireWorkerExtension:
         rec.dropped = bool(dropped)
         return True
 
-    def retire_install_safe_points(self, min_tokens: int, block: int) -> dict:
+    def retire_install_safe_points(self, min_tokens: int, block: int, window_s: float | None = None,
+                                   fine: tuple[int, int] | None = None) -> dict:
         """Attach per-layer safe points to the step wrapper (idempotent). Returns whether they are active.
         Not with several ranks: each rank would read the mailbox at its own moment and could cut at another layer
         than its peers, leaving them blocked in a collective; those engines FENCE at the step boundary."""
@@ -118,24 +119,30 @@ class RetireWorkerExtension:
         wrapper = StepWrapper.of(self)
         sp = wrapper.safe_points or getattr(self, "_retire_safe_points", None)
         if sp is None:
+            from .density import Density
             from .mailbox import Mailbox
             from .safepoints import SafePoints
             mb = Mailbox.from_env()
             if mb is None:
                 return {"active": False, "reason": "no revocation mailbox in this worker's environment"}
-            sp = self._retire_safe_points = SafePoints(self, mb, min_tokens, block)
+            density = Density().with_(window_s=window_s, fine=fine)
+            sp = self._retire_safe_points = SafePoints(self, mb, min_tokens, block, density=density)
             sp.install(wrapper)
+        elif window_s is not None or fine is not None:
+            sp.set_density(sp.density.with_(window_s=window_s, fine=fine))
         sp.min_tokens = int(min_tokens)
         return {"active": sp.installed, "layers": len(sp.layers), "min_tokens": sp.min_tokens,
                 "reason": None if sp.installed else "compiled mode: step-boundary FENCE",
-                "slicing": sp.slicer.verdict if sp.slicer is not None else None}
+                "slicing": sp.slicer.verdict if sp.slicer is not None else None, "density": sp.density.report()}
 
     def retire_slicing(self, enabled: bool | None = None, min_tokens: int | None = None,
-                       rows: int | None = None) -> dict:
+                       rows: int | None = None, window_s: float | None = None,
+                       fine: tuple[int, int] | None = None) -> dict:
         """Sliced attention and row-split MLP (retire/slicing.py, retire/mlp_split.py): switch them on/off (the
-        unsliced reference run), set the step size they start at and the tokens per slice, and report."""
+        unsliced reference run), set the static tier (the step size they start at, the tokens per slice) and the
+        density rule (retire/density.py), and report."""
         from .slicing import control
-        return control(self, enabled, min_tokens=min_tokens, rows=rows)
+        return control(self, enabled, min_tokens=min_tokens, rows=rows, window_s=window_s, fine=fine)
 
     def retire_logits_probe(self, on: bool) -> list[str]:
         """Test probe: record a digest of every logits tensor (on); stop and return the digests (off)."""
