@@ -17,10 +17,12 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-#: safe points inside attention and MLP as (min step tokens, tokens per slice): the finer setting the long replay's
-#: `retire-fine` arm and the no-revision cost bench use, and the worker's defaults (engine options
+from retire.density import FINE, STATIC
+
+#: safe points inside attention and MLP as (min step tokens, tokens per slice): the fine tier (retire/density.py: run
+#: while revisions arrive; the fine-slices cost bench forces it) and the static tier's defaults (engine options
 #: `safe_point_slice_min_tokens`, `safe_point_slice_rows`)
-FINE_SLICES, DEFAULT_SLICES = (2048, 512), (8192, 1024)
+FINE_SLICES, DEFAULT_SLICES = FINE, STATIC
 
 
 def rotate(arms: Sequence[str], i: int) -> list[str]:

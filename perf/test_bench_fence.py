@@ -71,7 +71,9 @@ async def _trial(eng, oracle, unit: int, step_s: float, frac: float, tag: str) -
     if eng.policy == "retire" and path != "safe-point":  # the revision arrived after the armed step had ended
         ok, verdict = False, f"landed outside the armed step (path {path}); not a revision inside a step"
     at = tr.receipts[0].detail.get("at") if tr.receipts else None
-    return Trial(ok=ok, verdict=verdict, fence=tr.fence_latency, ttft=tr.successor_ttft, path=path, frac=frac, at=at)
+    tier = tr.receipts[0].detail.get("tier") if tr.receipts else None  # retire/density.py: the step's safe points
+    return Trial(ok=ok, verdict=verdict, fence=tr.fence_latency, ttft=tr.successor_ttft, path=path, frac=frac, at=at,
+                 tier=tier)
 
 
 def _bench(benchmark, facades, pool, shape: str, unit: int, label: str) -> None:
@@ -102,6 +104,7 @@ def _bench(benchmark, facades, pool, shape: str, unit: int, label: str) -> None:
         unit >= slicing.get("min_tokens", 1 << 30) else "layer + MLP",
         "slicing_verdict": slicing.get("verdict"),
         "retire_cut_at": [r["retire"].at for r in paired.rounds],
+        "retire_tier": [r["retire"].tier for r in paired.rounds],
         "fence_latency_native_s": summary(fence["native-cold"]), "fence_latency_retire_s": summary(fence["retire"]),
         "fence_speedup_native_over_retire": summary(ratios, 2),
         "interruption_to_successor_native_s": summary(paired.values("native-cold", lambda t: t.ttft)),

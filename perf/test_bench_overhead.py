@@ -163,8 +163,9 @@ def test_bench_armed_guards_cost(benchmark, facades, pool, prompt_len):
 @pytest.mark.parametrize("prompt_len", [4096, 8192])
 def test_bench_fine_safe_points_cost(benchmark, facades, pool, prompt_len):
     """The no-revision cost of safe points inside the attention and the MLP of every armed step from 2048 tokens,
-    512 tokens per slice (`safe_point_slice_min_tokens=2048, safe_point_slice_rows=512`: what the long replay needs
-    for cleanup <= 10 ms) against the defaults (from 8192 tokens, 1024 per slice). The long shape's prefill steps
+    512 tokens per slice (the fine tier of retire/density.py, which the engine runs while revisions arrive; here
+    forced for every step: `safe_point_slice_min_tokens=2048, safe_point_slice_rows=512`, density window 0) against
+    the static defaults (from 8192 tokens, 1024 per slice). The long shape's prefill steps
     are 2048 tokens, so the default arm runs them unsliced (layer + MLP safe points) and the fine arm in 4 slices per
     attention and MLP; both arms armed (min_tokens 1024). Sliced is bit-identical, so both are exact against the
     oracle."""
@@ -176,14 +177,15 @@ def test_bench_fine_safe_points_cost(benchmark, facades, pool, prompt_len):
         r = (await slicing())[0]
         return r["sliced_calls"] + r.get("mlp", {}).get("split_calls", 0)
 
-    settings = {"fine": lambda: slicing(True, *FINE_SLICES), "default": lambda: slicing(True, *DEFAULT_SLICES)}
+    # both arms with the density rule off (window 0), so the tier each arm names is the one every step runs
+    settings = {"fine": lambda: slicing(True, *FINE_SLICES, 0.0),
+                "default": lambda: slicing(True, *DEFAULT_SLICES, 0.0)}
     run = pool.runner.run
     run(_set_min_tokens(eng, 1024))
     try:
         paired = _paired_settings(benchmark, eng, oracle, run, prompt_len, settings, slices, 5000)
     finally:
-        run(slicing(None, eng.backend.slice_min_tokens or DEFAULT_SLICES[0], eng.backend.slice_rows or
-                    DEFAULT_SLICES[1]))
+        run(slicing(None, *eng.backend.slicing_defaults()))
         run(_set_min_tokens(eng, eng.backend.safe_point_min_tokens))
     assert all(r["fine"].checks > 0 and r["default"].checks == 0 for r in paired.rounds), \
         [(r["fine"].checks, r["default"].checks) for r in paired.rounds]
