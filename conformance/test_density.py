@@ -31,6 +31,8 @@ STATIC = (8192, 1024)
     (1 * S, 31 * S, 30.0, (2048, 512, "fine")),          # the window's last instant
     (1 * S, 31 * S + 1, 30.0, (8192, 1024, "static")),   # one nanosecond past it
     (1 * S, 1 * S, 0.0, (8192, 1024, "static")),         # adaptation off
+    (1 * S, 1 * S + S // 4, 0.5, (2048, 512, "fine")),   # a window shorter than a second
+    (1, 1, 30.0, (2048, 512, "fine")),                   # any nonzero stamp is a post (0 alone means none)
 ])
 def test_the_fine_tier_runs_exactly_within_the_window_after_a_post(last, now, window, want):
     assert Density(window_s=window).tier(static=STATIC, last_post_ns=last, now_ns=now) == want
@@ -47,6 +49,14 @@ def test_the_fine_tier_is_never_coarser_than_the_static_one():
 def test_a_bad_rule_is_refused_by_name(kw):
     with pytest.raises(ValueError, match="safe-point"):
         Density(**kw)
+
+
+def test_the_smallest_rule_is_accepted_and_reported_as_set():
+    d = Density(window_s=0.0, fine=(1, 1))
+    assert d.fine == (1, 1)
+    assert d.report() == {"window_s": 0.0, "fine_min_tokens": 1, "fine_rows": 1}
+    assert Density().with_(window_s=2, fine=[4096, 256]).report() == {"window_s": 2.0, "fine_min_tokens": 4096,
+                                                                      "fine_rows": 256}
 
 
 def test_defaults_are_the_documented_ones():
