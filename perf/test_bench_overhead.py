@@ -431,11 +431,19 @@ def _across_instances(benchmark, pool, workload: str, inst: _Instances, instance
         if engs is not None:
             inst.stop(engs)
 
+    def same_code() -> None:
+        """Each instance pair imports the retire modules afresh, so a file edited during the run would be measured
+        under the digest read at its start: refuse to start a pair or append a line once the code has changed."""
+        if LEDGER and (now := (pairs_ledger.served_digest(), pairs_ledger.code_digest())) != (code, full):
+            raise RuntimeError(f"the retire code changed during the run (digests {code}/{full} -> {now[0]}/{now[1]});"
+                               " the finished instances are in the ledger; commit or stash the change, then run again")
+
     def setup():
         args, kwargs = paired.setup()
         k = args[0] // PAIRS_PER_INSTANCE
         if live.get("k") != k:
             stop()
+            same_code()
             print(f"\n[instances] {inst.ledger}: starting engine pair {k + 1}/{instances}", flush=True)
             live["engs"], live["k"] = inst.start(k % 2 == 1), k
             live["pinned"] = contextlib.ExitStack()
@@ -448,6 +456,7 @@ def _across_instances(benchmark, pool, workload: str, inst: _Instances, instance
         if paired.add(i, res):
             instance_of.append(live["k"])
         if LEDGER and i % PAIRS_PER_INSTANCE == PAIRS_PER_INSTANCE - 1 and (mine := groups()[live["k"]]):
+            same_code()  # an edit while this pair ran: its line is not appended
             ttft = groups(lambda t: t.first)[live["k"]] if len(lens) == 1 else None  # prefill, apart from decode
             _ledger_append((code, full), host, inst.ledger, f"{session}-{live['k']}", mine, ttft=ttft,
                            start_order="reference-first" if live["k"] % 2 else "subject-first")
