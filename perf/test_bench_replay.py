@@ -107,7 +107,7 @@ def test_bench_replay_recorded_burst(benchmark, facades, runner, shape):
             for arm in paired.order(i):
                 before = await _slices_for(fs, arm)
                 r = await run_arm(_facade(fs, arm), arm, plans, prompts, w, label=f"rb{i}.", ideal=arm == "ideal")
-                after = await _slices_for(fs, "retire")
+                after = (await fs["retire"].backend.worker("retire_slicing"))[0]["density"]["tiers"]
                 if _facade(fs, arm) is fs["retire"]:
                     t = tiers.setdefault(arm, {"static": 0, "fine": 0})
                     for k in t:

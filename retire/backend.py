@@ -36,9 +36,8 @@ class Backend:
         # the density rule (retire/density.py): the fine tier (min_tokens, rows) runs while a revision was posted in
         # the last `safe_point_revision_window_s` seconds (0: never); None keeps the defaults (30 s; 2048, 512).
         # A bad value is refused here, before anything changes.
-        self.density_window_s = engine_kwargs.pop("safe_point_revision_window_s", None)
-        self.fine_slices = engine_kwargs.pop("safe_point_fine_slices", None)
-        Density().with_(window_s=self.density_window_s, fine=self.fine_slices)
+        self.density = Density().with_(window_s=engine_kwargs.pop("safe_point_revision_window_s", None),
+                                       fine=engine_kwargs.pop("safe_point_fine_slices", None))
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         from . import participants
@@ -85,7 +84,7 @@ class Backend:
     async def ensure_safe_points(self) -> dict:
         if self.safe_points is None:
             infos = await self.worker("retire_install_safe_points", self.safe_point_min_tokens, self.block_size,
-                                      self.density_window_s, self.fine_slices)
+                                      self.density.window_s, self.density.fine)
             if self.slice_min_tokens is not None or self.slice_rows is not None:
                 await self.worker("retire_slicing", None, self.slice_min_tokens, self.slice_rows)
             self.safe_points = {"active": all(i.get("active") for i in infos), "workers": infos}
@@ -94,10 +93,10 @@ class Backend:
     def slicing_defaults(self) -> tuple:
         """This engine's configured safe-point tiers as `retire_slicing` arguments after `enabled`: (min_tokens,
         rows, window_s, fine); what a test or benchmark restores after changing them."""
-        from .density import DEFAULT_WINDOW_S, FINE, STATIC
+        from .density import STATIC
         pick = lambda v, d: d if v is None else v
-        return (pick(self.slice_min_tokens, STATIC[0]), pick(self.slice_rows, STATIC[1]),
-                pick(self.density_window_s, DEFAULT_WINDOW_S), tuple(pick(self.fine_slices, FINE)))
+        return (pick(self.slice_min_tokens, STATIC[0]), pick(self.slice_rows, STATIC[1]), self.density.window_s,
+                self.density.fine)
 
     async def prepare(self, external_id: str, prompt: dict, params):
         try:

@@ -47,7 +47,11 @@ class Density:
         recent = self.window_s > 0 and last_post_ns > 0 and now_ns - last_post_ns <= self.window_s * 1e9
         if not recent:
             return int(static[0]), int(static[1]), "static"
-        return min(int(self.fine[0]), int(static[0])), min(int(self.fine[1]), int(static[1])), "fine"
+        return (*self.fine_for(static), "fine")
+
+    def fine_for(self, static: tuple[int, int]) -> tuple[int, int]:
+        """The fine tier's (min_tokens, rows) beside the static tier `static`: never coarser (the smaller of each)."""
+        return min(int(self.fine[0]), int(static[0])), min(int(self.fine[1]), int(static[1]))
 
     def with_(self, *, window_s: float | None = None, fine=None) -> "Density":
         """This rule with `window_s` and/or `fine` replaced (None keeps the value); validated like a new one."""

@@ -35,8 +35,17 @@ class MlpSplitter:
         self.split_calls = 0
         self._worker = worker
         self.verdicts: dict[int, dict] = {}  # self-check verdict per row count (`verdict_for`)
-        self.verdict = self.verdict_for(self.rows)
+        self.verdict_for(self.rows)
         self._rows = self.rows               # the row count of the armed step (`arm`)
+
+    @property
+    def verdict(self) -> dict:
+        """The self-check verdict of the static row count."""
+        return self.verdicts.get(self.rows, {})
+
+    @verdict.setter
+    def verdict(self, v: dict) -> None:
+        self.verdicts[self.rows] = v
 
     def verdict_for(self, rows: int) -> dict:
         """The install-time self-check for slices of `rows` rows, run once per row count."""
@@ -48,8 +57,7 @@ class MlpSplitter:
     def set_rows(self, rows: int) -> dict:
         """Make `rows` the static row count; its own self-check governs the split from now on."""
         self.rows = int(rows)
-        self.verdict = self.verdict_for(self.rows)
-        return self.verdict
+        return self.verdict_for(self.rows)
 
     def _verdict(self, worker, rows: int) -> dict:
         mods = [m for m in self.mlps if m is not None]
@@ -80,8 +88,7 @@ class MlpSplitter:
     def active(self, total_tokens: int, min_tokens: int | None = None, rows: int | None = None) -> bool:
         """Whether a step of `total_tokens` splits its MLP, at `min_tokens` / `rows` (default: the static ones).
         A row count whose self-check has not run (or failed) never splits."""
-        rows = self.rows if rows is None else int(rows)
-        v = self.verdict if rows == self.rows else self.verdicts.get(rows, {})
+        v = self.verdicts.get(self.rows if rows is None else int(rows), {})
         lo = self.min_tokens if min_tokens is None else int(min_tokens)
         return self.enabled and v.get("exact", False) and total_tokens >= lo
 

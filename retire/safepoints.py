@@ -41,7 +41,7 @@ import logging
 import time
 
 from . import adapter
-from .density import Density
+from .density import STATIC, Density
 from .mailbox import key as mailbox_key
 
 log = logging.getLogger("retire.safepoints")
@@ -107,12 +107,12 @@ class SafePoints:
     def set_density(self, density: Density) -> None:
         """Adopt a density rule; the fine tier's MLP row count is self-checked first (retire/mlp_split.py)."""
         if self.splitter is not None:
-            self.splitter.verdict_for(min(density.fine[1], self.splitter.rows))
+            self.splitter.verdict_for(density.fine_for((self.slice_min_tokens, self.splitter.rows))[1])
         self.density = density
 
     def _tier(self) -> tuple[int, int, str]:
         static = ((self.slicer.min_tokens, self.slicer.slice_tokens) if self.slicer is not None
-                  else (self.slice_min_tokens, 1024))
+                  else (self.slice_min_tokens, STATIC[1]))
         return self.density.tier(static=static, last_post_ns=self.mb.last_post_ns(), now_ns=time.monotonic_ns())
 
     def install(self, wrapper=None) -> bool:

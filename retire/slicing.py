@@ -248,7 +248,7 @@ def control(worker, enabled: bool | None = None, *, min_tokens: int | None = Non
     if mlp is not None:
         out["mlp"] = {"enabled": mlp.enabled, "split_calls": mlp.split_calls, "min_tokens": mlp.min_tokens,
                       "rows": mlp.rows, "verdict": mlp.verdict,
-                      "fine_verdict": mlp.verdicts.get(min(density.fine[1], mlp.rows))}
+                      "fine_verdict": mlp.verdicts.get(density.fine_for((sl.min_tokens, mlp.rows))[1])}
     return out
 
 
