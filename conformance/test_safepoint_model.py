@@ -100,9 +100,9 @@ def test_sliced_kernel_is_bit_identical_and_the_selfcheck_catches_a_changed_spli
     are both reported inexact (the second is the size of difference a misaligned tile produces). A split cut 8 rows
     off the tile is NOT a control on every CPU: on a Xeon without AVX512-BF16 (2026-12-02) every bf16 split was
     exact, down to 1-row tiles, while fp32 splits off the tile differed by 3.7e-7; the self-check judges the split
-    the engine will run, so either way only an exact one arms. Only for the "vec" ISA, the one whose q-tile the
-    slicer knows; for any other ISA this build's bf16 attention picks on this CPU (2026-12-02: "amx" on a Sapphire
-    Rapids host) it checks that the slicer offers no tile, so it never arms."""
+    the engine will run, so either way only an exact one arms. On "amx" (Intel AMX, 2026-12-05) a split at half the
+    kernel's tile is a control: it leaves smaller q tiles than the kernel's, and the self-check reports it inexact.
+    For an ISA whose q-tile the slicer does not know it checks that the slicer offers no tile, so it never arms."""
     import torch
 
     from retire import adapter
@@ -112,10 +112,11 @@ def test_sliced_kernel_is_bit_identical_and_the_selfcheck_catches_a_changed_spli
     dtype = torch.bfloat16
     info = {"isa": wk.kernel_isa(dtype, 32, 64), "head_dim": 64, "num_heads": heads, "num_kv_heads": kv_heads,
             "kv_cache_dtype": "auto", "sliding_window": -1, "split_kv": True}
-    if info["isa"] != "vec":  # e.g. "amx" on a CPU with AMX tiles: the slicer knows no q-tile, never arms, and the
-        # engine's safe points stay at the layer boundary (the engine test checks that fallback)
+    if info["isa"] not in ("vec", "amx"):  # the slicer knows no q-tile, never arms, and the engine's safe points
+        # stay at the layer boundary (the engine test checks that fallback)
         assert q_tile_candidates(info, 2) == [], info
         return
+    assert wk.prepare_isa(info["isa"]) is None
     assert wk.metadata_layout_ok(info, dtype, torch.get_num_threads()) is None
     tiles = q_tile_candidates(info, 2)
     good = next((t for t in tiles if selfcheck(wk, info, dtype, t)["exact"]), None)
@@ -132,6 +133,49 @@ def test_sliced_kernel_is_bit_identical_and_the_selfcheck_catches_a_changed_spli
 
     nudged = selfcheck(wk, info, dtype, good, alter=one_ulp)
     assert not nudged["exact"] and 0 < nudged["max_abs_diff"] < float("inf"), nudged
+    if info["isa"] == "amx":  # the AMX kernel's tile is not divided per KV head: half of it is off the tile
+        off = selfcheck(wk, info, dtype, good // 2)
+        assert not off["exact"] and 0 < off["max_abs_diff"] < float("inf"), off
+
+
+def test_q_tile_candidates_follow_each_isa_kernel_constants(monkeypatch):
+    """The candidate q-tiles at a 2 MiB L2 (the kernel budgets half of it), for the `long` model's attention shape:
+    "vec" offers its tile at 8 and 16 q heads per iteration and each per KV head, most likely first; "amx" offers
+    exactly one tile, bf16 only, not divided per KV head (1344: cuts at 672 were measured inexact on AMX); an ISA
+    whose constants the slicer does not know gets none, so it never arms."""
+    from retire import slicing
+
+    monkeypatch.setattr(slicing, "_l2_bytes", lambda: 2 * 1024 * 1024)
+    shape = {"head_dim": 64, "num_heads": 8, "num_kv_heads": 4}
+    assert slicing.q_tile_candidates(dict(shape, isa="amx"), 2) == [1344]
+    assert slicing.q_tile_candidates(dict(shape, isa="amx", head_dim=128), 2) == [736]
+    assert slicing.q_tile_candidates(dict(shape, isa="amx"), 4) == []  # the AMX kernel is bf16 only
+    assert slicing.q_tile_candidates(dict(shape, isa="vec"), 2) == [1024, 512, 1248, 624]
+    assert slicing.q_tile_candidates(dict(shape, isa="vec", num_kv_heads=8), 2) == [1024, 1248]
+    for isa in ("neon", "vec16", None):
+        assert slicing.q_tile_candidates(dict(shape, isa=isa), 2) == []
+    monkeypatch.setattr(slicing, "_l2_bytes", lambda: 64 * 1024)  # a tiny cache: never below one q-head group
+    assert slicing.q_tile_candidates(dict(shape, isa="amx"), 2) == [32]
+    monkeypatch.setattr(slicing, "_l2_bytes", lambda: 64 * 1024 * 1024)  # a huge cache: capped at 128 groups
+    assert slicing.q_tile_candidates(dict(shape, isa="amx"), 2) == [4096]
+
+
+def test_prepare_isa_requests_amx_only_and_names_what_is_missing(monkeypatch):
+    """The self-check runs the "amx" kernel only after the process has the AMX tile state; a refusal, or a torch
+    without the request, is a reason (the slicer then keeps layer-boundary safe points), never a crash."""
+    import torch
+
+    from retire import adapter
+
+    wk = adapter.worker()
+    calls = []
+    monkeypatch.setattr(torch._C._cpu, "_init_amx", lambda: calls.append(1) or True, raising=False)
+    assert wk.prepare_isa("vec") is None and calls == []
+    assert wk.prepare_isa("amx") is None and calls == [1]
+    monkeypatch.setattr(torch._C._cpu, "_init_amx", lambda: False)
+    assert "refused" in wk.prepare_isa("amx")
+    monkeypatch.delattr(torch._C._cpu, "_init_amx")
+    assert "_init_amx is missing" in wk.prepare_isa("amx")
 
 
 def test_mailbox_round_trip_and_clear():

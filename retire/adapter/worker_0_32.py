@@ -169,6 +169,20 @@ def kernel_isa(dtype, block_size: int, head_dim: int, kv_cache_dtype: str = "aut
     return _get_attn_isa(dtype, block_size, head_dim, kv_cache_dtype)
 
 
+def prepare_isa(isa: str) -> str | None:
+    """Make the kernel of `isa` runnable in this process: "amx" needs the AMX tile state, which Linux grants per
+    process on request (torch's `_init_amx`; the engine's first oneDNN AMX matmul asks for it too, but the slicer's
+    install-time self-check may run the attention kernel before any matmul). Returns None, or why it cannot run."""
+    if isa != "amx":
+        return None
+    import torch
+
+    init = getattr(getattr(torch._C, "_cpu", None), "_init_amx", None)
+    if init is None:
+        return "torch._C._cpu._init_amx is missing: the AMX tile state cannot be requested"
+    return None if init() else "the AMX tile state was refused (arch_prctl ARCH_REQ_XCOMP_PERM)"
+
+
 def kernel_info(attn) -> dict:
     """What decides the kernel's q-tile size: ISA, dtype, head dim, heads, KV-cache dtype, split-KV."""
     from vllm import envs
