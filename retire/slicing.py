@@ -42,17 +42,24 @@ def q_tile_candidates(info: dict, dtype_size: int) -> list[int]:
     per_kv = max(info["num_heads"] // info["num_kv_heads"], 1)
     hd = info["head_dim"]
     if info["isa"] == "amx" and dtype_size == 2:
-        return [max(min(cache // (hd * (dtype_size + 2 * dtype_size + 4) + 32 * 4), 128 * 32) // 32 * 32, 32)]
+        return [_default_tile(cache, hd, dtype_size, dtype_size, 32)]
     if info["isa"] != "vec":
         return []
     out = []
     for max_q in (8, 16):
-        tile = cache // (hd * (4 + 2 * dtype_size + 4) + max_q * 4)
-        tile = max(min(tile, 128 * max_q) // max_q * max_q, max_q)
+        tile = _default_tile(cache, hd, 4, dtype_size, max_q)
         for t in (tile, tile // per_kv):
             if t > 0 and t not in out:
                 out.append(t)
     return out
+
+
+def _default_tile(cache: int, head_dim: int, q_bytes: int, kv_bytes: int, max_q: int) -> int:
+    """The kernel's default tile (`calcu_default_tile_size`): the cache budget over one row of the q buffer, K and V,
+    the fp32 output and the fp32 logits of `max_q` q heads; rounded down to a multiple of `max_q`, at least one
+    group of `max_q` and at most 128 groups."""
+    tile = cache // (head_dim * (q_bytes + 2 * kv_bytes + 4) + max_q * 4)
+    return max(min(tile, 128 * max_q) // max_q * max_q, max_q)
 
 
 def _l2_bytes() -> int:
