@@ -4,8 +4,10 @@ user would run it.
 
 Checked: exit status 0; the JSON document it wrote holds one trial per policy; every successor passed its oracle
 inside the demo (exact or tolerant, `retire.trials.Judge`); retire published 0 obsolete tokens by the consumer's
-clock while native-cold, with the same slow consumer, published some (the demo's positive control); the one-screen
-summary is printed and recorded with the section's measured figures.
+clock while native-cold, with the same slow and busy consumer, published at least the 4 tokens the engine produced
+while the consumer was busy (the demo's positive control: `BusyConsumer` makes that queue certain however fast the
+engine runs; with a consumer only slow per frame this control failed once on a loaded host, 0 published); the
+one-screen summary is printed and recorded with the section's measured figures.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ def test_retire_demo_runs_through_the_console_entry_point(device, tmp_path, caps
     assert sorted(trials) == ["native-cold", "native-prefix", "retire"]
     assert all(t["ok"] for t in trials.values()), [(p, t["verdict"]) for p, t in trials.items()]
     assert trials["retire"]["obsolete_tokens_published"] == 0 == doc["retire_obsolete"]
-    assert trials["native-cold"]["obsolete_tokens_published"] > 0, "positive control: native publishes obsolete"
+    assert trials["native-cold"]["obsolete_tokens_published"] >= 4, "positive control: native publishes obsolete"
     assert "3: revision during decode" in printed and doc["failed"] == 0
     (head,) = doc["headline"]
     assert head["id"] == "during-decode" and head["oracle_pass"] == head["trials"] == 3

@@ -32,3 +32,74 @@ def test_heal_runs_when_the_test_body_fails():
         asyncio.run(go())
     assert eng.seams == TestSeams()
     assert not fault.injected and not any(f.injected for f in fault.faults)
+
+
+class _Out:
+    def __init__(self, n):
+        self.outputs = [type("C", (), {"token_ids": list(range(n))})()]
+
+
+class _V:
+    def __init__(self, scope, epoch=0, tenant="default"):
+        self.scope, self.epoch, self.tenant = scope, epoch, tenant
+
+
+class EpochFacade(FakeFacade):
+    """A facade with the engine's epoch barrier (`wait_epoch`) and nothing else."""
+
+    def __init__(self):
+        super().__init__()
+        self.epochs, self.ev = {}, asyncio.Event()
+
+    async def wait_epoch(self, scope, epoch, tenant="default"):
+        while self.epochs.get((tenant, scope), 0) < epoch:
+            self.ev.clear()
+            await self.ev.wait()
+
+    def advance(self, scope, tenant="default"):
+        self.epochs[(tenant, scope)] = self.epochs.get((tenant, scope), 0) + 1
+        self.ev.set()
+
+
+def test_busy_consumer_holds_the_next_frame_until_the_scope_advances():
+    """BusyConsumer(scope, 3): frames pass dequeue until 3 tokens of (scope, 0, tenant) went through; the next frame
+    with tokens waits for the scope's ADVANCE (no clock), and only that version's; heal releases a parked consumer.
+    Negative control: a plain SlowConsumer holds nothing (it only sleeps after a yield), so the same frame passes
+    before the advance."""
+    from retire.faults import BusyConsumer
+
+    async def go(fault, advance: bool):
+        eng = EpochFacade()
+        async with fault.on(eng):
+            hooks = eng.seams.on_dequeue
+            assert hooks if isinstance(fault, BusyConsumer) else not hooks
+            for n in (1, 2):  # 3 tokens taken: the consumer is now busy
+                for h in hooks:
+                    await h(eng, _V("s"), _Out(n))
+            for h in hooks:  # other tenant / scope / epoch pass
+                for v in (_V("s", tenant="t2"), _V("x"), _V("s", epoch=1)):
+                    await h(eng, v, _Out(5))
+            nxt = asyncio.ensure_future(_through(eng, hooks, _V("s"), _Out(4)))
+            for _ in range(5):
+                await asyncio.sleep(0)
+            held = not nxt.done()
+            if advance:
+                eng.advance("s", tenant="t2")  # another tenant's advance does not release
+                for _ in range(5):
+                    await asyncio.sleep(0)
+                still = not nxt.done()
+                eng.advance("s")
+            else:
+                still = None
+        await asyncio.wait_for(nxt, 1)  # advanced, or released by heal at the end of the block
+        return held, still, eng.seams == TestSeams()
+
+    assert asyncio.run(go(BusyConsumer("s", 3), advance=True)) == (True, True, True)
+    assert asyncio.run(go(BusyConsumer("s", 3), advance=False)) == (True, None, True)  # heal released it
+    assert asyncio.run(go(SlowConsumer(0.01), advance=True))[0] is False  # negative control
+
+
+async def _through(eng, hooks, v, out):
+    for h in hooks:
+        out = await h(eng, v, out)
+    return out

@@ -13,7 +13,10 @@ answered by EngineCore between two steps), never a sleep.
                the successor's admission. Retire's held successor keeps the certified blocks pinned; native-prefix
                finds them evicted. TTFT here is admission -> first token (the churn itself is in `wall`).
 3. decode      (long-churn): the revision lands during decode, with a slow consumer (50 ms per frame) that has
-               received 3 tokens while the engine produced 4 more; natives publish the queued obsolete tokens.
+               received 3 tokens and is busy with them (`BusyConsumer`: its next frame waits at dequeue until the
+               scope advances) while the engine produced 4 more; natives publish the queued obsolete tokens. The
+               busy consumer makes the queue certain however fast the engine runs against the 50 ms; a consumer
+               only slow per frame keeps pace with an engine slower than it and leaves nothing queued.
 4. tie         (long-8k, prefill unit 2048): SUPERSEDE once the first step is written, but the revised prompt shares
                the whole running step, so retire lets it finish and inherits what native-prefix finds in its cache.
 """
@@ -28,7 +31,7 @@ IN_STEP_UNIT, IN_STEP_PROMPT, IN_STEP_LCP = 4096, 2 * 4096 + 256, 2048
 TIE_UNIT, TIE_PROMPT, TIE_LCP = 2048, 2 * 2048 + 256, 2 * 2048 + 128
 CHURN_PROMPT, CHURN_LCP, CHURN_REVISED, CHURN_LEVEL = 4200, 4100, 4160, 1.1
 DECODE_PROMPT = 1024
-SLOW_S = 0.05
+SLOW_S, BUSY_AFTER = 0.05, 3
 
 
 @dataclass(frozen=True)
@@ -149,8 +152,8 @@ def _path(tr) -> str:
 
 
 async def decode(engines: Engines, repeats: int):
-    """Section 3 through the shared driver, with `SlowConsumer(0.05)` on every facade."""
-    from ..faults import SlowConsumer
+    """Section 3 through the shared driver, with `BusyConsumer(scope, 3, delay=0.05)` on every facade."""
+    from ..faults import BusyConsumer
     from ..trials import Judge, repo_prompt, revise, revision_trial
 
     _, sp_old, sp_new = _sps()
@@ -162,8 +165,9 @@ async def decode(engines: Engines, repeats: int):
         revised = revise(prompt, int(0.9 * DECODE_PROMPT), DECODE_PROMPT, 100 + r)
         for p in _order(r):
             eng = subj.facades[p]
-            async with SlowConsumer(SLOW_S).on(eng):
-                t = await revision_trial(eng, f"decode-{r}", prompt, revised, sp_old, sp_new, after_tokens=3, lag=4)
+            async with BusyConsumer(f"decode-{r}", BUSY_AFTER, delay=SLOW_S).on(eng):
+                t = await revision_trial(eng, f"decode-{r}", prompt, revised, sp_old, sp_new,
+                                         after_tokens=BUSY_AFTER, lag=4)
             t.ok, t.verdict = await judge.check(p, revised, sp_new, t.new, t.reused)
             rows.append(_row(t, r))
             _log("decode", r, repeats, rows[-1])
@@ -178,8 +182,8 @@ SECTIONS = {s.id: s for s in (
             f"{CHURN_LCP}; {CHURN_LEVEL}x KV capacity of other traffic between revision and admission; TTFT from "
             f"admission)", "long-churn", churn, 1),
     Section("during-decode", 3, f"3: revision during decode (long, {DECODE_PROMPT}-token repo prompt, 90% shared, "
-            f"slow consumer {int(SLOW_S * 1000)} ms/frame: SUPERSEDE after the consumer got 3 tokens and the engine "
-            f"produced 4 more)", "long-churn", decode, 3),
+            f"slow consumer {int(SLOW_S * 1000)} ms/frame, busy after its first {BUSY_AFTER} tokens: SUPERSEDE once "
+            f"the engine produced 4 more)", "long-churn", decode, 3),
     Section("tie", 4, f"4: the tie: the running step is shared with the revision (long, prefill unit {TIE_UNIT}, "
             f"{TIE_PROMPT}-token prompt, revised shares {TIE_LCP}; SUPERSEDE at frontier >= {TIE_UNIT})", "long-8k",
             tie, 2),

@@ -1,6 +1,11 @@
 """Consumer-side faults, attached through the facade's stream hooks.
 
 - SlowConsumer(delay): the consumer takes `delay` seconds to process each frame (the sleep IS the fault).
+- BusyConsumer(scope, after_tokens, delay=...): a SlowConsumer that, once it has taken `after_tokens` tokens of
+  (scope, epoch, tenant), stays busy with them (an agent runtime running a tool on a partial answer) until the scope
+  advances past `epoch`: the version's next frame waits at dequeue (barrier: `eng.wait_epoch`, no sleep). A revision
+  made then always finds the engine's newer tokens queued, however fast the engine runs against `delay`: the natives
+  publish them, a correct publication gate none.
 - LateCompletion(scope, epoch): holds the first non-empty frame of (scope, epoch) between commit and dequeue, and
   releases it only after the scope has advanced past `epoch` (barrier: `eng.wait_epoch`, no sleep). A correct
   publication gate must suppress the released frame.
@@ -49,6 +54,48 @@ class SlowConsumer(_StreamHookFault):
         self.frames_delayed += 1
         await asyncio.sleep(self.delay)
 
+
+
+class BusyConsumer(SlowConsumer):
+    name = "busy-consumer"
+
+    def __init__(self, scope: str, after_tokens: int, *, delay: float = 0.05, epoch: int = 0,
+                 tenant: str = "default"):
+        super().__init__(delay)
+        self.scope, self.epoch, self.tenant, self.after_tokens = scope, epoch, tenant, after_tokens
+        self.taken = 0                # tokens of the version that passed dequeue before the consumer got busy
+        self.busy = asyncio.Event()   # set once the version's next frame is held
+        self.released = 0
+        self._healed = asyncio.Event()
+
+    async def inject(self, target) -> None:
+        target.seams.on_dequeue.append(self._hold)
+        await super().inject(target)
+
+    async def heal(self) -> None:
+        self._healed.set()  # never leave a consumer parked in the hook
+        hooks = self.target.seams.on_dequeue
+        if self._hold in hooks:
+            hooks.remove(self._hold)
+        await super().heal()
+
+    async def _hold(self, eng, version, out):
+        if (version.scope, version.epoch, version.tenant) != (self.scope, self.epoch, self.tenant) or self.released:
+            return out
+        n = sum(len(o.token_ids) for o in out.outputs)
+        if self.taken < self.after_tokens or n == 0:
+            self.taken += n
+            return out
+        self.busy.set()
+        waits = [asyncio.ensure_future(eng.wait_epoch(self.scope, self.epoch + 1, self.tenant)),
+                 asyncio.ensure_future(self._healed.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        self.released += 1
+        return out
 
 
 class LateCompletion(_StreamHookFault):
