@@ -55,7 +55,6 @@ class SlowConsumer(_StreamHookFault):
         await asyncio.sleep(self.delay)
 
 
-
 class BusyConsumer(SlowConsumer):
     name = "busy-consumer"
 
@@ -64,7 +63,6 @@ class BusyConsumer(SlowConsumer):
         super().__init__(delay)
         self.scope, self.epoch, self.tenant, self.after_tokens = scope, epoch, tenant, after_tokens
         self.taken = 0                # tokens of the version that passed dequeue before the consumer got busy
-        self.busy = asyncio.Event()   # set once the version's next frame is held
         self.released = 0
         self._healed = asyncio.Event()
 
@@ -86,7 +84,6 @@ class BusyConsumer(SlowConsumer):
         if self.taken < self.after_tokens or n == 0:
             self.taken += n
             return out
-        self.busy.set()
         waits = [asyncio.ensure_future(eng.wait_epoch(self.scope, self.epoch + 1, self.tenant)),
                  asyncio.ensure_future(self._healed.wait())]
         try:
