@@ -103,3 +103,36 @@ async def _through(eng, hooks, v, out):
     for h in hooks:
         out = await h(eng, v, out)
     return out
+
+
+@pytest.mark.parametrize("kind", ["late-completion", "release-at-call"])
+@pytest.mark.parametrize("release", ["own", "heal"])
+def test_held_frame_is_released_by_its_own_trigger_or_by_heal(kind, release):
+    """LateCompletion and ReleaseAtCall hold the first non-empty frame of (scope, 0, tenant) at dequeue: empty frames
+    and other versions pass, the held frame stays held across other tenants' advances, and it is released by its own
+    trigger (the scope's ADVANCE, or `calling()`) or, when that never comes, by heal; a healed fault never leaves a
+    consumer parked. The held frame is released once; the version's later frames pass."""
+    from retire.faults import ReleaseAtCall
+
+    async def go():
+        eng = EpochFacade()
+        fault = LateCompletion("s") if kind == "late-completion" else ReleaseAtCall("s")
+        async with fault.on(eng):
+            hooks = eng.seams.on_dequeue
+            for v, n in ((_V("s"), 0), (_V("s", tenant="t2"), 3), (_V("x"), 3), (_V("s", epoch=1), 3)):
+                await _through(eng, hooks, v, _Out(n))
+            assert not fault.held.is_set()
+            nxt = asyncio.ensure_future(_through(eng, hooks, _V("s"), _Out(2)))
+            await asyncio.wait_for(fault.held.wait(), 1)
+            eng.advance("s", tenant="t2")
+            for _ in range(5):
+                await asyncio.sleep(0)
+            held = not nxt.done()
+            if release == "own":
+                eng.advance("s") if kind == "late-completion" else fault.calling()
+                await asyncio.wait_for(nxt, 1)
+                await asyncio.wait_for(_through(eng, hooks, _V("s"), _Out(1)), 1)  # held once only
+        await asyncio.wait_for(nxt, 1)
+        return held, fault.held_tokens, fault.released, eng.seams == TestSeams()
+
+    assert asyncio.run(go()) == (True, 2, 1, True)

@@ -9,6 +9,9 @@
 - LateCompletion(scope, epoch): holds the first non-empty frame of (scope, epoch) between commit and dequeue, and
   releases it only after the scope has advanced past `epoch` (barrier: `eng.wait_epoch`, no sleep). A correct
   publication gate must suppress the released frame.
+
+Every hold is released by heal as well (`_VersionHold`): a SUPERSEDE that never comes fails the test's assertion, not
+pytest-timeout with a consumer parked in a hook.
 - ReleaseAtCall(scope, epoch): holds the first non-empty frame of (scope, epoch) between commit and dequeue, and
   releases it at the moment the test calls SUPERSEDE (`calling()`, just before awaiting the call), i.e. while the
   call is still running and before the facade may have advanced. A frame the consumer receives after the call is
@@ -55,99 +58,112 @@ class SlowConsumer(_StreamHookFault):
         await asyncio.sleep(self.delay)
 
 
-class BusyConsumer(SlowConsumer):
-    name = "busy-consumer"
+class _VersionHold:
+    """One version's identity (scope, epoch, tenant) and a park for a consumer frame of it.
 
-    def __init__(self, scope: str, after_tokens: int, *, delay: float = 0.05, epoch: int = 0,
-                 tenant: str = "default"):
-        super().__init__(delay)
-        self.scope, self.epoch, self.tenant, self.after_tokens = scope, epoch, tenant, after_tokens
-        self.taken = 0                # tokens of the version that passed dequeue before the consumer got busy
+    Invariant: a park ends when its release fires or when the fault heals, whichever comes first, so a healed fault
+    never leaves a consumer parked in a hook; each version is held at most once (`released` counts the parks)."""
+
+    def _hold_for(self, scope: str, epoch: int, tenant: str) -> None:
+        self.scope, self.epoch, self.tenant = scope, epoch, tenant
         self.released = 0
         self._healed = asyncio.Event()
 
-    async def inject(self, target) -> None:
-        target.seams.on_dequeue.append(self._hold)
-        await super().inject(target)
+    def _matches(self, version) -> bool:
+        return not self.released and (version.scope, version.epoch, version.tenant) == (self.scope, self.epoch,
+                                                                                          self.tenant)
 
-    async def heal(self) -> None:
-        self._healed.set()  # never leave a consumer parked in the hook
-        hooks = self.target.seams.on_dequeue
-        if self._hold in hooks:
-            hooks.remove(self._hold)
-        await super().heal()
+    def _advanced(self, eng):
+        """The release most holds wait for: the scope has advanced past the held epoch (the engine's barrier)."""
+        return eng.wait_epoch(self.scope, self.epoch + 1, self.tenant)
 
-    async def _hold(self, eng, version, out):
-        if (version.scope, version.epoch, version.tenant) != (self.scope, self.epoch, self.tenant) or self.released:
-            return out
-        n = sum(len(o.token_ids) for o in out.outputs)
-        if self.taken < self.after_tokens or n == 0:
-            self.taken += n
-            return out
-        waits = [asyncio.ensure_future(eng.wait_epoch(self.scope, self.epoch + 1, self.tenant)),
-                 asyncio.ensure_future(self._healed.wait())]
+    async def _park(self, release) -> None:
+        waits = [asyncio.ensure_future(release), asyncio.ensure_future(self._healed.wait())]
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for w in waits:
                 w.cancel()
         self.released += 1
+
+
+class BusyConsumer(SlowConsumer, _VersionHold):
+    name = "busy-consumer"
+
+    def __init__(self, scope: str, after_tokens: int, *, delay: float = 0.05, epoch: int = 0,
+                 tenant: str = "default"):
+        super().__init__(delay)
+        self._hold_for(scope, epoch, tenant)
+        self.after_tokens = after_tokens
+        self.taken = 0                # tokens of the version that passed dequeue before the consumer got busy
+
+    async def inject(self, target) -> None:
+        target.seams.on_dequeue.append(self._hold)
+        await super().inject(target)
+
+    async def heal(self) -> None:
+        self._healed.set()
+        hooks = self.target.seams.on_dequeue
+        if self._hold in hooks:
+            hooks.remove(self._hold)
+        await super().heal()
+
+    async def _hold(self, eng, version, out):
+        if not self._matches(version):
+            return out
+        n = sum(len(o.token_ids) for o in out.outputs)
+        if self.taken < self.after_tokens or n == 0:
+            self.taken += n
+            return out
+        await self._park(self._advanced(eng))
         return out
 
 
-class LateCompletion(_StreamHookFault):
-    name = "late-completion"
+class _HeldFrame(_StreamHookFault, _VersionHold):
+    """Holds the first non-empty frame of (scope, epoch, tenant) between commit and dequeue until `_release` fires."""
+
     affects = frozenset({"publish"})
     hook_point = "on_dequeue"
 
     def __init__(self, scope: str, epoch: int = 0, tenant: str = "default"):
         super().__init__()
-        self.scope, self.epoch, self.tenant = scope, epoch, tenant
+        self._hold_for(scope, epoch, tenant)
         self.held = asyncio.Event()  # set once a frame is held (the test's barrier for issuing SUPERSEDE)
-        self.released = 0
         self.held_tokens = 0
 
+    def _release(self, eng):  # pragma: no cover - overridden
+        raise NotImplementedError
+
     async def _hook(self, eng, version, out):
-        if (version.scope, version.epoch, version.tenant) != (self.scope, self.epoch, self.tenant) or self.released:
-            return out
-        if not out.outputs or not out.outputs[0].token_ids:
+        if not self._matches(version) or not out.outputs or not out.outputs[0].token_ids:
             return out
         self.held_tokens = len(out.outputs[0].token_ids)
         self.held.set()
-        await eng.wait_epoch(self.scope, self.epoch + 1, self.tenant)
-        self.released += 1
+        await self._park(self._release(eng))
         return out
 
+    async def heal(self) -> None:
+        self._healed.set()
+        await super().heal()
 
 
-class ReleaseAtCall(_StreamHookFault):
+class LateCompletion(_HeldFrame):
+    name = "late-completion"
+
+    def _release(self, eng):
+        return self._advanced(eng)
+
+
+class ReleaseAtCall(_HeldFrame):
     name = "release-at-call"
-    affects = frozenset({"publish"})
-    hook_point = "on_dequeue"
 
     def __init__(self, scope: str, epoch: int = 0, tenant: str = "default"):
-        super().__init__()
-        self.scope, self.epoch, self.tenant = scope, epoch, tenant
-        self.held = asyncio.Event()  # set once a frame is held (the test's barrier for calling SUPERSEDE)
+        super().__init__(scope, epoch, tenant)
         self._go = asyncio.Event()
-        self.released = 0
-        self.held_tokens = 0
 
     def calling(self) -> None:
         """The test is about to await SUPERSEDE: release the held frame (it reaches the gate during the call)."""
         self._go.set()
 
-    async def _hook(self, eng, version, out):
-        if (version.scope, version.epoch, version.tenant) != (self.scope, self.epoch, self.tenant) or self.released:
-            return out
-        if not out.outputs or not out.outputs[0].token_ids:
-            return out
-        self.held_tokens = len(out.outputs[0].token_ids)
-        self.held.set()
-        await self._go.wait()
-        self.released += 1
-        return out
-
-    async def heal(self) -> None:
-        self._go.set()  # never leave a consumer parked in the hook
-        await super().heal()
+    def _release(self, eng):
+        return self._go.wait()
