@@ -136,3 +136,51 @@ def test_held_frame_is_released_by_its_own_trigger_or_by_heal(kind, release):
         return held, fault.held_tokens, fault.released, eng.seams == TestSeams()
 
     assert asyncio.run(go()) == (True, 2, 1, True)
+
+
+@pytest.mark.parametrize("release", ["advance", "heal"])
+def test_late_transfer_holds_until_the_engine_applied_the_advance_or_heal(release):
+    """LateTransfer(scope, 1) holds the restore of (scope, 1, tenant) at `dram_before_install`: other versions pass;
+    the held one waits for the frontend's ADVANCE and then for an engine poll that sees the new epoch (polls answered
+    before it do not release it). Heal releases a held transfer without polling (no newer SUPERSEDE will come), and
+    restores the seam."""
+    from retire.faults.transfer import LateTransfer
+
+    class Backend:
+        def __init__(self):
+            self.answers = [1, 1, 2]  # the engine applies the ADD on the third poll
+            self.polls = 0
+
+        async def sched(self, cmd, payload):
+            assert cmd == "scope_epoch" and payload == {"scope": "s"}
+            self.polls += 1
+            return self.answers.pop(0)
+
+    def t(scope="s", epoch=1, tenant="default"):
+        return type("T", (), {"scope": scope, "epoch": epoch, "tenant": tenant,
+                              "key": type("K", (), {"scope": scope})()})()
+
+    async def go():
+        eng = EpochFacade()
+        eng.backend = Backend()
+        eng.advance("s")  # the scope is at epoch 1, the version held
+        fault = LateTransfer("s", 1)
+        async with fault.on(eng):
+            hooks = eng.seams.dram_before_install
+            assert len(hooks) == 1
+            for other in (t(epoch=0), t(scope="x"), t(tenant="t2")):
+                await asyncio.wait_for(hooks[0](eng, other), 1)
+            assert not fault.held.is_set()
+            nxt = asyncio.ensure_future(hooks[0](eng, t()))
+            await asyncio.wait_for(fault.held.wait(), 1)
+            eng.advance("s", tenant="t2")
+            for _ in range(5):
+                await asyncio.sleep(0)
+            held = not nxt.done()
+            if release == "advance":
+                eng.advance("s")
+                await asyncio.wait_for(nxt, 1)
+        await asyncio.wait_for(nxt, 1)
+        return held, eng.backend.polls, fault.released, eng.seams == TestSeams()
+
+    assert asyncio.run(go()) == (True, 3 if release == "advance" else 0, 1, True)

@@ -10,7 +10,7 @@
   releases it only after the scope has advanced past `epoch` (barrier: `eng.wait_epoch`, no sleep). A correct
   publication gate must suppress the released frame.
 
-Every hold is released by heal as well (`_VersionHold`): a SUPERSEDE that never comes fails the test's assertion, not
+Every hold is released by heal as well (`VersionHold`): a SUPERSEDE that never comes fails the test's assertion, not
 pytest-timeout with a consumer parked in a hook.
 - ReleaseAtCall(scope, epoch): holds the first non-empty frame of (scope, epoch) between commit and dequeue, and
   releases it at the moment the test calls SUPERSEDE (`calling()`, just before awaiting the call), i.e. while the
@@ -21,29 +21,10 @@ from __future__ import annotations
 
 import asyncio
 
-from .base import Fault
+from .hooks import HookFault, VersionHold
 
 
-class _StreamHookFault(Fault):
-    """A fault that acts through one of the facade's stream hook points ("on_dequeue" or "after_yield")."""
-
-    hook_point: str = ""
-
-    async def _hook(self, *args):  # pragma: no cover - overridden
-        raise NotImplementedError
-
-    async def inject(self, target) -> None:
-        getattr(target.seams, self.hook_point).append(self._hook)
-        await super().inject(target)
-
-    async def heal(self) -> None:
-        hooks = getattr(self.target.seams, self.hook_point)
-        if self._hook in hooks:
-            hooks.remove(self._hook)
-        await super().heal()
-
-
-class SlowConsumer(_StreamHookFault):
+class SlowConsumer(HookFault):
     name = "slow-consumer"
     affects = frozenset({"consume"})
     hook_point = "after_yield"
@@ -58,36 +39,7 @@ class SlowConsumer(_StreamHookFault):
         await asyncio.sleep(self.delay)
 
 
-class _VersionHold:
-    """One version's identity (scope, epoch, tenant) and a park for a consumer frame of it.
-
-    Invariant: a park ends when its release fires or when the fault heals, whichever comes first, so a healed fault
-    never leaves a consumer parked in a hook; each version is held at most once (`released` counts the parks)."""
-
-    def _hold_for(self, scope: str, epoch: int, tenant: str) -> None:
-        self.scope, self.epoch, self.tenant = scope, epoch, tenant
-        self.released = 0
-        self._healed = asyncio.Event()
-
-    def _matches(self, version) -> bool:
-        return not self.released and (version.scope, version.epoch, version.tenant) == (self.scope, self.epoch,
-                                                                                          self.tenant)
-
-    def _advanced(self, eng):
-        """The release most holds wait for: the scope has advanced past the held epoch (the engine's barrier)."""
-        return eng.wait_epoch(self.scope, self.epoch + 1, self.tenant)
-
-    async def _park(self, release) -> None:
-        waits = [asyncio.ensure_future(release), asyncio.ensure_future(self._healed.wait())]
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
-        self.released += 1
-
-
-class BusyConsumer(SlowConsumer, _VersionHold):
+class BusyConsumer(SlowConsumer, VersionHold):
     name = "busy-consumer"
 
     def __init__(self, scope: str, after_tokens: int, *, delay: float = 0.05, epoch: int = 0,
@@ -102,7 +54,7 @@ class BusyConsumer(SlowConsumer, _VersionHold):
         await super().inject(target)
 
     async def heal(self) -> None:
-        self._healed.set()
+        self._unpark()
         hooks = self.target.seams.on_dequeue
         if self._hold in hooks:
             hooks.remove(self._hold)
@@ -119,7 +71,7 @@ class BusyConsumer(SlowConsumer, _VersionHold):
         return out
 
 
-class _HeldFrame(_StreamHookFault, _VersionHold):
+class _HeldFrame(HookFault, VersionHold):
     """Holds the first non-empty frame of (scope, epoch, tenant) between commit and dequeue until `_release` fires."""
 
     affects = frozenset({"publish"})
@@ -143,7 +95,7 @@ class _HeldFrame(_StreamHookFault, _VersionHold):
         return out
 
     async def heal(self) -> None:
-        self._healed.set()
+        self._unpark()
         await super().heal()
 
 

@@ -3,7 +3,8 @@
 - LateTransfer(scope, epoch): holds the restore of (scope, epoch) after its bytes were written into fresh blocks and
   before its install, and releases it only once a newer SUPERSEDE has advanced the scope past `epoch` in the frontend
   AND been applied by the engine (barrier: `eng.wait_epoch`, then one engine poll answered after that ADD; no sleep).
-  A correct tier must reject the install ("late transfer") and free the destination blocks. Heal removes the hook.
+  A correct tier must reject the install ("late transfer") and free the destination blocks. Heal removes the hook
+  and releases a held transfer (it then installs: no longer late).
 - DramCorruption(scope, pages): flips every bit of the given pages of the scope's offloaded DRAM copy (waiting for
   restore); the restore must see a digest mismatch and select a cold recompute. Heal flips it back if the copy still
   exists.
@@ -18,37 +19,32 @@ import asyncio
 
 from ..dram import pending_transition
 from .base import Fault
+from .hooks import HookFault, VersionHold
 
 
-class LateTransfer(Fault):
+class LateTransfer(HookFault, VersionHold):
     name = "late-transfer"
     affects = frozenset({"dram.install"})
+    hook_point = "dram_before_install"
 
     def __init__(self, scope: str, epoch: int, tenant: str = "default"):
         super().__init__()
-        self.scope, self.epoch, self.tenant = scope, int(epoch), tenant
+        self._hold_for(scope, epoch, tenant)
         self.held = asyncio.Event()  # set once a transfer is held (the test's barrier for issuing the newer SUPERSEDE)
-        self.released = 0
 
     async def _hook(self, eng, t) -> None:
-        if (t.scope, t.epoch, t.tenant) != (self.scope, self.epoch, self.tenant) or self.released:
+        if not self._matches(t):
             return
         self.held.set()
-        await eng.wait_epoch(self.scope, self.epoch + 1, self.tenant)
+        if not await self._park(self._advanced(eng)):
+            return  # healed before the newer SUPERSEDE came: the transfer goes on, no longer late
         # The newer SUPERSEDE's ADD and our poll travel the same input queue: a poll that sees the new epoch was
         # answered after the engine applied it.
         while (await eng.backend.sched("scope_epoch", {"scope": t.key.scope}) or 0) <= self.epoch:
             pass
-        self.released += 1
-
-    async def inject(self, target) -> None:
-        target.seams.dram_before_install.append(self._hook)
-        await super().inject(target)
 
     async def heal(self) -> None:
-        hooks = self.target.seams.dram_before_install
-        if self._hook in hooks:
-            hooks.remove(self._hook)
+        self._unpark()
         await super().heal()
 
 
@@ -78,9 +74,10 @@ class DramCorruption(Fault):
         await super().heal()
 
 
-class TransferPressure(Fault):
+class TransferPressure(HookFault):
     name = "transfer-pressure"
     affects = frozenset({"kv.capacity", "dram.transfer"})
+    hook_point = "dram_before_install"
 
     def __init__(self, scope: str, epoch: int, *, fraction: float = 0.5, seed: int = 0, tenant: str = "default"):
         super().__init__()
@@ -96,13 +93,3 @@ class TransferPressure(Fault):
         self.held += 1
         async with self.churn.on(eng):
             pass
-
-    async def inject(self, target) -> None:
-        target.seams.dram_before_install.append(self._hook)
-        await super().inject(target)
-
-    async def heal(self) -> None:
-        hooks = self.target.seams.dram_before_install
-        if self._hook in hooks:
-            hooks.remove(self._hook)
-        await super().heal()
