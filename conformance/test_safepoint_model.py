@@ -210,3 +210,51 @@ def test_mailbox_keys_are_digests_of_the_whole_id():
         assert mb.clear(a) and mb.is_posted(b) and not mb.is_posted(a)
     finally:
         mb.unlink()
+
+
+# A decode row with a long context beside a short chunk: with two threads the CPU kernel splits the decode row's KV
+# (two split items and one reduction) while the chunk's rows land in a later slice. (Not in the engine's install-time
+# self-check: the sliced steps it guards have 2,048+ rows, for which the kernel was not seen to split the KV.)
+SPLIT_KV_SHAPE = ((1, 300), (40000, 0))
+
+
+@pytest.mark.timeout(60, method="thread")  # a kernel spin ignores SIGALRM: the thread method still ends it
+def test_split_kv_reductions_run_with_the_first_slice():
+    """Where the kernel splits a row's KV, the sliced run must still reduce it: the split items and the reductions
+    both run in slice 0, and the result equals the unsliced run. Negative control: reductions moved out of the first
+    slice (built with every slice but the first) are reported inexact. On a host whose kernel splits no KV for these
+    shapes there are no reductions to move, and the test checks exactly that (`n_red == 0`)."""
+    import torch
+
+    from retire import adapter
+    from retire.slicing import q_tile_candidates, selfcheck
+
+    wk = adapter.worker()
+    dtype = torch.bfloat16
+    info = {"isa": wk.kernel_isa(dtype, 32, 64), "head_dim": 64, "num_heads": 8, "num_kv_heads": 4,
+            "kv_cache_dtype": "auto", "sliding_window": -1, "split_kv": True}
+    if info["isa"] not in ("vec", "amx"):
+        assert q_tile_candidates(info, 2) == []
+        return
+    assert wk.prepare_isa(info["isa"]) is None
+    tile = q_tile_candidates(info, 2)[0]
+    shape = SPLIT_KV_SHAPE
+    qlens, ctx = shape
+    qsl = torch.tensor([0, qlens[0], sum(qlens)], dtype=torch.int32)
+    seqs = torch.tensor([c + q for c, q in zip(ctx, qlens)], dtype=torch.int32)
+    parsed = wk.parse_schedule(wk.schedule_for(qsl, seqs, info, dtype))
+    if parsed["n_red"] == 0:  # this kernel (thread count, ISA) does not split the KV here: nothing to reduce
+        assert not [it for it in parsed["items"] if it[6] >= 0], parsed["items"]
+        return
+    r = selfcheck(wk, info, dtype, tile, shapes=(shape,))
+    assert r["exact"] and r["slices"] >= 2, r
+
+    class Unreduced:  # every slice built without the step's reductions
+        def __getattr__(self, name):
+            return getattr(wk, name)
+
+        def build_schedule(self, parsed, s, first):
+            return wk.build_schedule(parsed, s, False)
+
+    bad = selfcheck(Unreduced(), info, dtype, tile, shapes=(shape,))
+    assert not bad["exact"] and bad["max_abs_diff"] == float("inf"), bad
