@@ -260,6 +260,53 @@ def test_bench_no_revision_vs_stock_vllm(benchmark, facades, pool, workload):
     print(f"\n[vs stock] {workload}: {info['cost_ratio[retire/stock]']}")
 
 
+class _PlainRequests:
+    """vLLM's own `generate` on the retire engine's AsyncLLM: requests with no retire tag, which the RetireScheduler
+    hands to vLLM's Scheduler unchanged. The worker is the same (an armed step is armed for them too)."""
+
+    def __init__(self, llm):
+        self.llm = llm
+
+    async def clean_run(self, prompt, sampling):
+        import uuid
+
+        from oracles.runs import OracleEngine
+        return await OracleEngine._generate(self, prompt, sampling, f"plain-{uuid.uuid4().hex}", skip_cache=True)
+
+
+def test_bench_facade_vs_plain_requests_same_engine(benchmark, facades, pool):
+    """Where a no-revision cost could live, without the instance effect: ONE retire engine, two arms paired per
+    round (alternating order, quiescence barrier, exact against each other): the retire facade (`submit` + `stream`,
+    a tagged request, the publication gates; its prefix-cache reset before the clock as in the Table 11 arm) against
+    plain vLLM requests on the same AsyncLLM (`generate`, salted like the stock arm). Both run the same worker, so
+    a difference is the facade's and the scheduler's per-request work; a cost seen against stock vLLM but not here
+    lives in the engine build (or the instance). 1K prompt + 128 decode, `long`. Nothing is asserted about timings."""
+    fs, _ = facades("long", "retire")
+    eng = fs["retire"]
+    plain = _PlainRequests(eng.backend.llm)
+    run = pool.runner.run
+    arms = ("retire", "plain")
+    paired = Paired(arms)
+    batches = {"retire": lambda prompts: _retire_batch(eng, prompts, "fp"),
+               "plain": lambda prompts: _stock_batch(plain, prompts)}
+
+    async def pair(i: int, record: bool = True):
+        batches["retire"] = lambda prompts: _retire_batch(eng, prompts, f"fp{i}")
+        res = await _paired_round(batches, [1024], i, paired.order(i), subject="retire", reference="plain",
+                                  seed=6000)
+        if record:
+            paired.add(i, res)
+
+    run(pair(-1, record=False))  # untimed warm-up pair
+    benchmark.pedantic(lambda i: run(pair(i)), setup=paired.setup, rounds=PAIRS, iterations=1)
+    assert paired.rounds, paired.admission()
+    benchmark.extra_info.update({
+        "paper_metric": "no-revision cost decomposed: retire facade vs plain vLLM requests on one retire engine",
+        "model": "long", "workload": "1K prompt + 128 decode, concurrency 1", **_cost_info(paired, "retire", "plain")})
+    print(f"\n[facade vs plain] total {benchmark.extra_info['cost_ratio_total[retire/plain]']}, ttft "
+          f"{benchmark.extra_info['cost_ratio_ttft[retire/plain]']}")
+
+
 def _stock_arms(b, a) -> dict:
     """The A/A arms: stock engine instance `b` ("stock-B", the subject) and `a` ("stock-A", the reference)."""
     return {"stock-B": lambda prompts: _stock_batch(b, prompts), "stock-A": lambda prompts: _stock_batch(a, prompts)}
