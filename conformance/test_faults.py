@@ -105,6 +105,15 @@ async def _through(eng, hooks, v, out):
     return out
 
 
+async def _held_across_another_tenants_advance(eng, fault, nxt) -> bool:
+    """Once `fault` holds `nxt`, advance scope "s" of another tenant: True iff `nxt` is still held after that."""
+    await asyncio.wait_for(fault.held.wait(), 1)
+    eng.advance("s", tenant="t2")
+    for _ in range(5):
+        await asyncio.sleep(0)
+    return not nxt.done()
+
+
 @pytest.mark.parametrize("kind", ["late-completion", "release-at-call"])
 @pytest.mark.parametrize("release", ["own", "heal"])
 def test_held_frame_is_released_by_its_own_trigger_or_by_heal(kind, release):
@@ -123,11 +132,7 @@ def test_held_frame_is_released_by_its_own_trigger_or_by_heal(kind, release):
                 await _through(eng, hooks, v, _Out(n))
             assert not fault.held.is_set()
             nxt = asyncio.ensure_future(_through(eng, hooks, _V("s"), _Out(2)))
-            await asyncio.wait_for(fault.held.wait(), 1)
-            eng.advance("s", tenant="t2")
-            for _ in range(5):
-                await asyncio.sleep(0)
-            held = not nxt.done()
+            held = await _held_across_another_tenants_advance(eng, fault, nxt)
             if release == "own":
                 eng.advance("s") if kind == "late-completion" else fault.calling()
                 await asyncio.wait_for(nxt, 1)
@@ -172,11 +177,7 @@ def test_late_transfer_holds_until_the_engine_applied_the_advance_or_heal(releas
                 await asyncio.wait_for(hooks[0](eng, other), 1)
             assert not fault.held.is_set()
             nxt = asyncio.ensure_future(hooks[0](eng, t()))
-            await asyncio.wait_for(fault.held.wait(), 1)
-            eng.advance("s", tenant="t2")
-            for _ in range(5):
-                await asyncio.sleep(0)
-            held = not nxt.done()
+            held = await _held_across_another_tenants_advance(eng, fault, nxt)
             if release == "advance":
                 eng.advance("s")
                 await asyncio.wait_for(nxt, 1)

@@ -285,13 +285,11 @@ def test_bench_facade_vs_plain_requests_same_engine(benchmark, facades, pool):
     eng = fs["retire"]
     plain = _PlainRequests(eng.backend.llm)
     run = pool.runner.run
-    arms = ("retire", "plain")
-    paired = Paired(arms)
-    batches = {"retire": lambda prompts: _retire_batch(eng, prompts, "fp"),
-               "plain": lambda prompts: _stock_batch(plain, prompts)}
+    paired = Paired(("retire", "plain"))
 
     async def pair(i: int, record: bool = True):
-        batches["retire"] = lambda prompts: _retire_batch(eng, prompts, f"fp{i}")
+        batches = {"retire": lambda prompts: _retire_batch(eng, prompts, f"fp{i}"),
+                   "plain": lambda prompts: _stock_batch(plain, prompts)}
         res = await _paired_round(batches, [1024], i, paired.order(i), subject="retire", reference="plain",
                                   seed=6000)
         if record:

@@ -9,13 +9,13 @@
 - LateCompletion(scope, epoch): holds the first non-empty frame of (scope, epoch) between commit and dequeue, and
   releases it only after the scope has advanced past `epoch` (barrier: `eng.wait_epoch`, no sleep). A correct
   publication gate must suppress the released frame.
-
-Every hold is released by heal as well (`VersionHold`): a SUPERSEDE that never comes fails the test's assertion, not
-pytest-timeout with a consumer parked in a hook.
 - ReleaseAtCall(scope, epoch): holds the first non-empty frame of (scope, epoch) between commit and dequeue, and
   releases it at the moment the test calls SUPERSEDE (`calling()`, just before awaiting the call), i.e. while the
   call is still running and before the facade may have advanced. A frame the consumer receives after the call is
   obsolete by definition (RETIRE.md §5): a correct facade publishes nothing of the epoch from the call on.
+
+Every hold is released by heal as well (retire/faults/hooks.py `VersionHold`): a SUPERSEDE that never comes fails
+the test's assertion, not pytest-timeout with a consumer parked in a hook.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class SlowConsumer(HookFault):
         await asyncio.sleep(self.delay)
 
 
-class BusyConsumer(SlowConsumer, VersionHold):
+class BusyConsumer(VersionHold, SlowConsumer):
     name = "busy-consumer"
 
     def __init__(self, scope: str, after_tokens: int, *, delay: float = 0.05, epoch: int = 0,
@@ -54,7 +54,6 @@ class BusyConsumer(SlowConsumer, VersionHold):
         await super().inject(target)
 
     async def heal(self) -> None:
-        self._unpark()
         hooks = self.target.seams.on_dequeue
         if self._hold in hooks:
             hooks.remove(self._hold)
@@ -71,7 +70,7 @@ class BusyConsumer(SlowConsumer, VersionHold):
         return out
 
 
-class _HeldFrame(HookFault, VersionHold):
+class _HeldFrame(VersionHold, HookFault):
     """Holds the first non-empty frame of (scope, epoch, tenant) between commit and dequeue until `_release` fires."""
 
     affects = frozenset({"publish"})
@@ -93,10 +92,6 @@ class _HeldFrame(HookFault, VersionHold):
         self.held.set()
         await self._park(self._release(eng))
         return out
-
-    async def heal(self) -> None:
-        self._unpark()
-        await super().heal()
 
 
 class LateCompletion(_HeldFrame):

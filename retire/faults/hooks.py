@@ -5,7 +5,8 @@
 - `VersionHold`: one version's identity (scope, epoch, tenant) and a park for whatever the fault holds of it.
   Invariant: a park ends when its release fires or when the fault heals, whichever comes first, so a healed fault
   never leaves a consumer, a stream or a transfer parked in a hook; each version is held at most once (`released`
-  counts the parks).
+  counts the parks). It is a mixin listed BEFORE the fault's `Fault` base, so its `heal` (release every park, then
+  the fault's own heal) runs for every holding fault without one of their own.
 """
 from __future__ import annotations
 
@@ -46,9 +47,9 @@ class VersionHold:
         """The release most holds wait for: the scope has advanced past the held epoch (the engine's barrier)."""
         return eng.wait_epoch(self.scope, self.epoch + 1, self.tenant)
 
-    def _unpark(self) -> None:
-        """Heal's part: release every park, now and later."""
-        self._healed.set()
+    async def heal(self) -> None:
+        self._healed.set()  # release every park, now and later
+        await super().heal()
 
     async def _park(self, release) -> bool:
         """Wait for `release` or heal. True iff released by `release` (False: healed first)."""

@@ -22,7 +22,7 @@ from .base import Fault
 from .hooks import HookFault, VersionHold
 
 
-class LateTransfer(HookFault, VersionHold):
+class LateTransfer(VersionHold, HookFault):
     name = "late-transfer"
     affects = frozenset({"dram.install"})
     hook_point = "dram_before_install"
@@ -42,10 +42,6 @@ class LateTransfer(HookFault, VersionHold):
         # answered after the engine applied it.
         while (await eng.backend.sched("scope_epoch", {"scope": t.key.scope}) or 0) <= self.epoch:
             pass
-
-    async def heal(self) -> None:
-        self._unpark()
-        await super().heal()
 
 
 class DramCorruption(Fault):
