@@ -100,6 +100,7 @@ class SafePoints:
         self.slice_min_tokens = int(slice_min_tokens)
         self.armed = None
         self.installed = False
+        self.heap: dict | None = None   # what the install-time heap release answered (retire/heap.py)
         self.last_cost: float | None = None  # seconds per token of the last armed step (predictions at p = 0)
         self.density = density or Density()
         self.tiers = {"static": 0, "fine": 0}  # armed steps per safe-point tier

@@ -104,8 +104,10 @@ class RetireWorkerExtension:
         return True
 
     def retire_install_safe_points(self, min_tokens: int, block: int, window_s: float | None = None,
-                                   fine: tuple[int, int] | None = None) -> dict:
+                                   fine: tuple[int, int] | None = None, release_heap: bool = True) -> dict:
         """Attach per-layer safe points to the step wrapper (idempotent). Returns whether they are active.
+        The first install runs the slicing self-checks, then returns the free heap they leave to the kernel
+        (retire/heap.py; `release_heap=False` keeps it: the negative control of that check).
         Not with several ranks: each rank would read the mailbox at its own moment and could cut at another layer
         than its peers, leaving them blocked in a collective; those engines FENCE at the step boundary."""
         from . import adapter
@@ -128,12 +130,16 @@ class RetireWorkerExtension:
             density = Density().with_(window_s=window_s, fine=fine)
             sp = self._retire_safe_points = SafePoints(self, mb, min_tokens, block, density=density)
             sp.install(wrapper)
+            if release_heap:
+                from .heap import release
+                sp.heap = release()
         elif window_s is not None or fine is not None:
             sp.set_density(sp.density.with_(window_s=window_s, fine=fine))
         sp.min_tokens = int(min_tokens)
         return {"active": sp.installed, "layers": len(sp.layers), "min_tokens": sp.min_tokens,
                 "reason": None if sp.installed else "compiled mode: step-boundary FENCE",
-                "slicing": sp.slicer.verdict if sp.slicer is not None else None, "density": sp.density.report()}
+                "slicing": sp.slicer.verdict if sp.slicer is not None else None, "density": sp.density.report(),
+                "heap": sp.heap}
 
     def retire_slicing(self, enabled: bool | None = None, min_tokens: int | None = None,
                        rows: int | None = None, window_s: float | None = None,
