@@ -9,14 +9,11 @@ Negative control: a stock AsyncLLM shut down the plain way (no release) prints e
 from __future__ import annotations
 
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from conformance.fixtures.engines import EXIT_NOISE as NOISE
-
-ROOT = Path(__file__).resolve().parent.parent
+from conformance.fixtures.programs import run_program
 
 SUBJECT = '''
 import asyncio, gc, weakref
@@ -64,10 +61,7 @@ if __name__ == "__main__":
 
 
 def _run(tmp_path, code: str) -> subprocess.CompletedProcess:
-    script = tmp_path / "prog.py"
-    script.write_text(code)
-    return subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=240,
-                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    return run_program(tmp_path, code, timeout=240)
 
 
 # vLLM keeps the traceback of an import error from the first import of vllm.multimodal.media.audio (torchcodec is

