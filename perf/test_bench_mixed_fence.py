@@ -30,7 +30,7 @@ from vllm import SamplingParams
 from conformance.fixtures.prompts import repo_prompt, revise, tokens
 from oracles import collect, compare_logprobs_close
 from perf.common import Paired, summary
-from perf.test_bench_fence import _calibrate
+from perf.test_bench_fence import _calibrate, round_seed
 from retire.barriers import LandInStep, wait_engine
 
 pytestmark = pytest.mark.bench
@@ -48,9 +48,8 @@ class Trial:
         self.__dict__.update(kw)
 
 
-async def _trial(eng, oracle, kind: str, step_s: float, frac: float, tag: str) -> Trial:
+async def _trial(eng, oracle, kind: str, step_s: float, frac: float, tag: str, seed: int) -> Trial:
     await eng.backend.sched("set_step_tokens", {"tokens": UNIT})
-    seed = hash(tag) % 10_000
     # decode: A's first step is A [0, U - 1) + B's decode token; prefill: A's second step is A [U, U + 2000) + B [0, 2096)
     prompt = repo_prompt(UNIT + 256 if kind == "decode" else UNIT + 2000, seed=seed)
     b_prompt = tokens(300 if kind == "decode" else 3000, seed + 1)
@@ -102,9 +101,10 @@ def test_bench_fence_in_a_mixed_step(benchmark, facades, pool, kind):
 
     def target(i):
         frac = rng.uniform(0.05, 0.9)
+        seed = round_seed(f"mixed-{kind}-{i}")
         trials = {}
         for arm in paired.order(i):
-            trials[arm] = run(_trial(fs[arm], oracle, kind, step_s, frac, f"{kind}-{i}-{arm}"))
+            trials[arm] = run(_trial(fs[arm], oracle, kind, step_s, frac, f"{kind}-{i}-{arm}", seed))
         paired.add(i, trials)
 
     try:
