@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
+import zlib
 from collections import Counter
 from typing import Any, Callable, Iterable, Sequence
 
@@ -157,3 +158,22 @@ def curve(series: dict[str, list[tuple[float, list[float]]]], *, name: str, x_la
         if fit:
             out["fit"][s] = fit
     return out
+
+
+# Prompt seeds of paired rounds. The no-revision benchmarks: round i's k-th prompt is
+# repo_prompt(n, seed=ROUND_SEED + ROUND_STRIDE * i + k); the FENCE benchmarks: round_seed(the round's name).
+ROUND_SEED, ROUND_STRIDE = 4000, 97
+
+
+def warmup_index(k: int) -> int:
+    """The round index of instance pair k's untimed warm-up. Negative, so its prompts never equal a measured round's
+    (i >= 0, seeds >= ROUND_SEED); cycling through the ROUND_SEED // ROUND_STRIDE indices whose seeds stay
+    non-negative (numpy refuses a negative seed: `-1 - k` stopped a 48-pair run at its 42nd pair on 2026-12-07), so a
+    warm-up prompt repeats only on another, fresh engine pair. For k < 41 it is `-1 - k`, as before."""
+    return -1 - k % (ROUND_SEED // ROUND_STRIDE)
+
+
+def round_seed(name: str) -> int:
+    """The prompt seed of one paired round, fixed by the round's name: both arms of a round run the same prompt and
+    two runs of a benchmark run the same prompts (`hash(str)` is salted per process)."""
+    return zlib.crc32(name.encode()) % 10_000

@@ -14,7 +14,6 @@ import asyncio
 import os
 import random
 import time
-import zlib
 
 import pytest
 from vllm import SamplingParams
@@ -22,7 +21,7 @@ from vllm import SamplingParams
 from conformance.fixtures.prompts import repo_prompt, revise
 from retire.barriers import wait_engine
 from oracles import collect, compare_logprobs_close
-from perf.common import Paired, summary
+from perf.common import Paired, round_seed, summary
 from retire.barriers import LandInStep
 
 SP_OLD = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
@@ -75,12 +74,6 @@ async def _trial(eng, oracle, unit: int, step_s: float, frac: float, tag: str, s
     tier = tr.receipts[0].detail.get("tier") if tr.receipts else None  # retire/density.py: the step's safe points
     return Trial(ok=ok, verdict=verdict, fence=tr.fence_latency, ttft=tr.successor_ttft, path=path, frac=frac, at=at,
                  tier=tier)
-
-
-def round_seed(name: str) -> int:
-    """The prompt seed of one paired round: fixed by the round's name, so both arms of a round run the same prompt
-    and two runs of the benchmark run the same prompts (`hash(str)` is salted per process)."""
-    return zlib.crc32(name.encode()) % 10_000
 
 
 def _bench(benchmark, facades, pool, shape: str, unit: int, label: str) -> None:

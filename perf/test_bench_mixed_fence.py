@@ -29,8 +29,8 @@ from vllm import SamplingParams
 
 from conformance.fixtures.prompts import repo_prompt, revise, tokens
 from oracles import collect, compare_logprobs_close
-from perf.common import Paired, summary
-from perf.test_bench_fence import _calibrate, round_seed
+from perf.common import Paired, round_seed, summary
+from perf.test_bench_fence import _calibrate
 from retire.barriers import LandInStep, wait_engine
 
 pytestmark = pytest.mark.bench

@@ -38,7 +38,8 @@ from conformance.fixtures.prompts import repo_prompt
 from oracles import collect, compare_logprobs_close, compare_tokens
 from perf import pairs_ledger, pinning
 from perf.quiesce import HARNESS, quiesce
-from perf.common import DEFAULT_SLICES, FINE_SLICES, Paired, bootstrap_ci, bootstrap_ci_nested, summary
+from perf.common import (DEFAULT_SLICES, FINE_SLICES, ROUND_SEED, ROUND_STRIDE, Paired, bootstrap_ci,
+                         bootstrap_ci_nested, summary, warmup_index)
 from retire.trials import reset_prefix_cache
 
 pytestmark = pytest.mark.bench
@@ -206,11 +207,11 @@ WORKLOADS = {
 
 
 async def _paired_round(arms: dict, lens: list[int], i: int, order: list[str], *, subject: str, reference: str,
-                        seed: int = 4000) -> dict:
+                        seed: int = ROUND_SEED) -> dict:
     """One paired round: `arms[a](prompts)` for each arm in `order`, on the same prompts. The `subject` trial carries
     the verdict against `reference`: alone, the same execution shape, so exact; batched, the batch composition per step
     may differ between the engines (CPU kernels are not batch-invariant), so the logprob-closeness rule applies."""
-    prompts = [repo_prompt(n, seed=seed + 97 * i + k) for k, n in enumerate(lens)]
+    prompts = [repo_prompt(n, seed=seed + ROUND_STRIDE * i + k) for k, n in enumerate(lens)]
     res = {}
     for a in order:
         await quiesce()  # the other arm's engine stops spinning first (perf/quiesce.py)
@@ -493,7 +494,7 @@ def _across_instances(benchmark, pool, workload: str, inst: _Instances, instance
             live["engs"], live["k"] = inst.start(k % 2 == 1), k
             live["pinned"] = contextlib.ExitStack()
             live["pinned"].enter_context(pinning.pinned())
-            run(inst.round(live["engs"], -1 - k, list(inst.names), f"x{workload}-w{k}"))  # untimed warm-up pair
+            run(inst.round(live["engs"], warmup_index(k), list(inst.names), f"x{workload}-w{k}"))  # untimed warm-up
         return args, kwargs
 
     def target(i: int) -> None:
