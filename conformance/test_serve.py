@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import socket
 import time
-import zlib
 
 import httpx
 import pytest
@@ -17,7 +16,7 @@ from vllm import SamplingParams
 from conformance.fixtures.engines import EXIT_NOISE
 from conformance.fixtures.http import (auth, chat_body, completion_body, error_shape_ok, post, scope_hdr, stream,
                                        usage_cached)
-from conformance.fixtures.prompts import revise, tokens
+from conformance.fixtures.prompts import name_seed, revise, tokens
 from conformance.fixtures.serve_checks import judge, revise_under_stall, scope_state, stream_endings
 from conformance.fixtures.servers import ServerProcess, metric, wait_until
 from conformance.fixtures.sse_probe import Probe
@@ -223,7 +222,7 @@ def _long_scope(http, scope: str, key: str = A):
     # a seed fixed per scope name, off the small seeds the other tests use: `hash(str)` is salted per process, so it
     # drew a new prompt each run, and once in a CI run one that another test caches for the same tenant
     # (tokens(64, 41) is the first 64 tokens of tokens(320, 41): 64 cached tokens where the isolation test wants 0)
-    p = tokens(64, 20_000 + zlib.crc32(scope.encode()) % 1000)
+    p = tokens(64, 20_000 + name_seed(scope, 1000))
     return p, http.stream("POST", "/v1/completions", json=completion_body(p, 150, stream=True, logprobs=None),
                           headers=scope_hdr(scope, key))
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import statistics
-import zlib
 from collections import Counter
 from typing import Any, Callable, Iterable, Sequence
 
@@ -160,9 +159,14 @@ def curve(series: dict[str, list[tuple[float, list[float]]]], *, name: str, x_la
     return out
 
 
-# Prompt seeds of paired rounds. The no-revision benchmarks: round i's k-th prompt is
-# repo_prompt(n, seed=ROUND_SEED + ROUND_STRIDE * i + k); the FENCE benchmarks: round_seed(the round's name).
+# Prompt seeds of paired rounds. The no-revision benchmarks: round i's k-th prompt is seeded round_seeds(i, ...)[k];
+# the FENCE benchmarks seed each round with conformance.fixtures.prompts.name_seed(the round's name).
 ROUND_SEED, ROUND_STRIDE = 4000, 97
+
+
+def round_seeds(i: int, width: int, base: int = ROUND_SEED) -> list[int]:
+    """The prompt seeds of paired round i with `width` prompts: base + ROUND_STRIDE * i + k for the k-th."""
+    return [base + ROUND_STRIDE * i + k for k in range(width)]
 
 
 def warmup_index(k: int) -> int:
@@ -171,9 +175,3 @@ def warmup_index(k: int) -> int:
     non-negative (numpy refuses a negative seed: `-1 - k` stopped a 48-pair run at its 42nd pair on 2026-12-07), so a
     warm-up prompt repeats only on another, fresh engine pair. For k < 41 it is `-1 - k`, as before."""
     return -1 - k % (ROUND_SEED // ROUND_STRIDE)
-
-
-def round_seed(name: str) -> int:
-    """The prompt seed of one paired round, fixed by the round's name: both arms of a round run the same prompt and
-    two runs of a benchmark run the same prompts (`hash(str)` is salted per process)."""
-    return zlib.crc32(name.encode()) % 10_000

@@ -18,10 +18,10 @@ import time
 import pytest
 from vllm import SamplingParams
 
-from conformance.fixtures.prompts import repo_prompt, revise
+from conformance.fixtures.prompts import name_seed, repo_prompt, revise
 from retire.barriers import wait_engine
 from oracles import collect, compare_logprobs_close
-from perf.common import Paired, round_seed, summary
+from perf.common import Paired, summary
 from retire.barriers import LandInStep
 
 SP_OLD = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
@@ -87,7 +87,7 @@ def _bench(benchmark, facades, pool, shape: str, unit: int, label: str) -> None:
 
     def target(i):
         frac = rng.uniform(0.05, 0.9)
-        seed = round_seed(f"{shape}-{unit}-{i}")
+        seed = name_seed(f"{shape}-{unit}-{i}")
         trials = {}
         for arm in paired.order(i):
             trials[arm] = run(_trial(fs[arm], oracle, unit, step_s, frac, f"{shape}-{unit}-{i}-{arm}", seed))

@@ -27,9 +27,9 @@ from collections import Counter
 import pytest
 from vllm import SamplingParams
 
-from conformance.fixtures.prompts import repo_prompt, revise, tokens
+from conformance.fixtures.prompts import name_seed, repo_prompt, revise, tokens
 from oracles import collect, compare_logprobs_close
-from perf.common import Paired, round_seed, summary
+from perf.common import Paired, summary
 from perf.test_bench_fence import _calibrate
 from retire.barriers import LandInStep, wait_engine
 
@@ -101,7 +101,7 @@ def test_bench_fence_in_a_mixed_step(benchmark, facades, pool, kind):
 
     def target(i):
         frac = rng.uniform(0.05, 0.9)
-        seed = round_seed(f"mixed-{kind}-{i}")
+        seed = name_seed(f"mixed-{kind}-{i}")
         trials = {}
         for arm in paired.order(i):
             trials[arm] = run(_trial(fs[arm], oracle, kind, step_s, frac, f"{kind}-{i}-{arm}", seed))

@@ -38,8 +38,8 @@ from conformance.fixtures.prompts import repo_prompt
 from oracles import collect, compare_logprobs_close, compare_tokens
 from perf import pairs_ledger, pinning
 from perf.quiesce import HARNESS, quiesce
-from perf.common import (DEFAULT_SLICES, FINE_SLICES, ROUND_SEED, ROUND_STRIDE, Paired, bootstrap_ci,
-                         bootstrap_ci_nested, summary, warmup_index)
+from perf.common import (DEFAULT_SLICES, FINE_SLICES, ROUND_SEED, Paired, bootstrap_ci, bootstrap_ci_nested,
+                         round_seeds, summary, warmup_index)
 from retire.trials import reset_prefix_cache
 
 pytestmark = pytest.mark.bench
@@ -211,7 +211,7 @@ async def _paired_round(arms: dict, lens: list[int], i: int, order: list[str], *
     """One paired round: `arms[a](prompts)` for each arm in `order`, on the same prompts. The `subject` trial carries
     the verdict against `reference`: alone, the same execution shape, so exact; batched, the batch composition per step
     may differ between the engines (CPU kernels are not batch-invariant), so the logprob-closeness rule applies."""
-    prompts = [repo_prompt(n, seed=seed + ROUND_STRIDE * i + k) for k, n in enumerate(lens)]
+    prompts = [repo_prompt(n, seed=s) for n, s in zip(lens, round_seeds(i, len(lens), seed))]
     res = {}
     for a in order:
         await quiesce()  # the other arm's engine stops spinning first (perf/quiesce.py)

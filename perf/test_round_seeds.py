@@ -1,4 +1,5 @@
-"""The paired rounds' prompt seeds (perf/common.py), engine-free and fast: they run in the default suite.
+"""The paired rounds' prompt seeds (perf/common.py, conformance/fixtures/prompts.py), engine-free and fast: they run in
+the default suite.
 
 Invariant: a warm-up round's prompts are valid (non-negative seeds) for any number of instance pairs and never equal a
 measured round's; a FENCE round's seed is the same in every process (no salted `hash`)."""
@@ -9,13 +10,14 @@ import sys
 
 import pytest
 
-from perf.common import ROUND_SEED, ROUND_STRIDE, round_seed, warmup_index
+from conformance.fixtures.prompts import name_seed
+from perf.common import ROUND_SEED, round_seeds, warmup_index
 
 WIDEST = 8  # prompts per round of the widest no-revision workload (mixed-8)
 
 
 def _seeds(i: int) -> list[int]:
-    return [ROUND_SEED + ROUND_STRIDE * i + k for k in range(WIDEST)]
+    return round_seeds(i, WIDEST)
 
 
 def _warmups_valid(index, pairs: int = 1000) -> bool:
@@ -37,8 +39,8 @@ def test_negative_control_the_old_warmup_index_is_caught():
 
 
 @pytest.mark.timeout(60)
-def test_round_seed_is_the_same_in_another_process():
-    code = "from perf.common import round_seed; print(round_seed('long-16k-16384-3'))"
+def test_name_seed_is_the_same_in_another_process():
+    code = "from conformance.fixtures.prompts import name_seed; print(name_seed('long-16k-16384-3'))"
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50, check=True)
-    assert int(other.stdout) == round_seed("long-16k-16384-3")
-    assert round_seed("mixed-decode-0") != round_seed("mixed-decode-1")
+    assert int(other.stdout) == name_seed("long-16k-16384-3")
+    assert name_seed("mixed-decode-0") != name_seed("mixed-decode-1")
