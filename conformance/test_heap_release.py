@@ -103,5 +103,23 @@ def test_release_on_a_c_library_without_malloc_trim_says_so():
     assert out["released"] is False and "malloc_trim" in out["reason"]
 
 
+def test_release_when_the_c_library_cannot_be_loaded_says_why(monkeypatch):
+    import retire.heap as heap
+
+    def refuse():
+        raise OSError("no such file")
+
+    monkeypatch.setattr(heap, "_libc", refuse)
+    assert heap.release() == {"released": False, "reason": "libc not loadable: no such file"}
+
+
+def test_release_on_a_c_library_that_is_not_found_says_so(monkeypatch):
+    import retire.heap as heap
+
+    monkeypatch.setattr(heap.ctypes.util, "find_library", lambda name: None)
+    out = heap.release()
+    assert out["released"] is False and "not glibc" in out["reason"]
+
+
 def test_release_on_this_machine_reaches_glibc():
     assert release()["reason"] is None
