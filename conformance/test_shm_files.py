@@ -75,9 +75,11 @@ def test_a_file_a_live_process_still_holds_is_kept_after_its_creator_died(tmp_pa
     assert shm.sweep_stale(PREFIX, str(tmp_path)) == [path]
 
 
-def test_an_unlocked_file_of_a_live_pid_is_kept(tmp_path):
-    """A file from a live process of an earlier version (no lock taken) is not swept: its pid is alive."""
-    path = tmp_path / f"{PREFIX}-{os.getpid()}-0123abcd"
+def test_an_unlocked_file_of_a_live_pid_is_kept(tmp_path, child):
+    """A file from a live process of an earlier version (no lock taken) is not swept: its pid is alive. (A child's
+    pid, not this process's: a sweep that signals would end the child, not the test run.)"""
+    p, _ = child("print('up')")
+    path = tmp_path / f"{PREFIX}-{p.pid}-0123abcd"
     path.write_bytes(b"\0" * 64)
     assert shm.sweep_stale(PREFIX, str(tmp_path)) == []
     assert path.exists()
@@ -137,7 +139,7 @@ def test_the_sweep_goes_on_past_every_file_it_keeps(tmp_path, child, monkeypatch
     _kill(creator)
     stale = tmp_path / f"{PREFIX}-{dead}-0123abcd"
     stale.write_bytes(b"\0" * 64)
-    live = tmp_path / f"{PREFIX}-{os.getpid()}-0123abcd"
+    live = tmp_path / f"{PREFIX}-{holder.pid}-0123abcd"
     live.write_bytes(b"\0" * 64)
     order = [f"{PREFIX}-{dead}-0badf00d", os.path.basename(held), "unrelated", live.name, stale.name]
     monkeypatch.setattr(shm.os, "listdir", lambda base: list(order))
@@ -145,13 +147,24 @@ def test_the_sweep_goes_on_past_every_file_it_keeps(tmp_path, child, monkeypatch
     assert os.path.exists(held) and live.exists()
 
 
-def test_a_live_pid_is_only_probed_never_signalled(tmp_path, child):
-    p, _ = child("print('up')")
-    path = tmp_path / f"{PREFIX}-{p.pid}-0123abcd"
-    path.write_bytes(b"\0" * 64)
-    assert shm.sweep_stale(PREFIX, str(tmp_path)) == []
-    assert p.poll() is None, "the sweep signalled a live process"
-    assert path.exists()
+def test_a_live_pid_is_only_probed_never_signalled(tmp_path):
+    body = "print('up', flush=True); print('echo ' + sys.stdin.readline().strip(), flush=True)"
+    p = subprocess.Popen([sys.executable, "-c", CHILD.format(path=str(SHM), body=body)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "up"
+        path = tmp_path / f"{PREFIX}-{p.pid}-0123abcd"
+        path.write_bytes(b"\0" * 64)
+        assert shm.sweep_stale(PREFIX, str(tmp_path)) == []
+        # barrier: a signal the sweep sent is pending before this write, and the kernel delivers it before the child
+        # returns from its read, so a signalled child (SIGHUP, or any signal whose default ends it) never echoes
+        p.stdin.write("ping\n")
+        p.stdin.flush()
+        assert p.stdout.readline().strip() == "echo ping", "the sweep signalled a live process"
+        assert path.exists()
+    finally:
+        p.kill()
+        p.wait()
 
 
 def test_a_pid_of_another_user_counts_as_alive(monkeypatch):
