@@ -148,7 +148,14 @@ def test_the_sweep_goes_on_past_every_file_it_keeps(tmp_path, child, monkeypatch
 
 
 def test_a_live_pid_is_only_probed_never_signalled(tmp_path):
-    body = "print('up', flush=True); print('echo ' + sys.stdin.readline().strip(), flush=True)"
+    # the child blocks every signal and, once the sweep is done, prints the ones pending: a blocked signal is never
+    # discarded, whatever disposition the child inherited (under `nohup`, SIGHUP is ignored and a SIGHUP would
+    # otherwise leave no trace), and one the sweep sent is pending before the parent's write that asks for the list
+    body = ("import signal\n"
+            "signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())\n"
+            "print('up', flush=True)\n"
+            "sys.stdin.readline()\n"
+            "print(sorted(int(s) for s in signal.sigpending()), flush=True)")
     p = subprocess.Popen([sys.executable, "-c", CHILD.format(path=str(SHM), body=body)], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, text=True)
     try:
@@ -156,11 +163,9 @@ def test_a_live_pid_is_only_probed_never_signalled(tmp_path):
         path = tmp_path / f"{PREFIX}-{p.pid}-0123abcd"
         path.write_bytes(b"\0" * 64)
         assert shm.sweep_stale(PREFIX, str(tmp_path)) == []
-        # barrier: a signal the sweep sent is pending before this write, and the kernel delivers it before the child
-        # returns from its read, so a signalled child (SIGHUP, or any signal whose default ends it) never echoes
-        p.stdin.write("ping\n")
+        p.stdin.write("done\n")
         p.stdin.flush()
-        assert p.stdout.readline().strip() == "echo ping", "the sweep signalled a live process"
+        assert p.stdout.readline().strip() == "[]", "the sweep signalled a live process"
         assert path.exists()
     finally:
         p.kill()
