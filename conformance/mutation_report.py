@@ -9,7 +9,8 @@ Score = (killed + timeout) / total: a mutant that makes the suite hang is detect
 limit; the suite's own pytest-timeout would fail it too). `--min-score` exits 1 if the primary modules' combined
 score is below it; `--documented FILE` exits 1 if a survivor is not classified in FILE: named in a table row whose
 verdict lets it survive (equivalent, accepted, not exercised, caught by a crash, killed outside mutmut; see
-`classified`), so a new one, or one a test was said to kill, fails `make mutate` until it is killed or explained.
+`classified`), so a new one, or one a test was said to kill, fails `make mutate` until it is killed or explained;
+it also notes, without failing, a row whose line no longer matches its mutant's (`stale_locations`).
 """
 from __future__ import annotations
 
@@ -116,8 +117,9 @@ def undocumented(res: dict, doc: Path) -> list[str]:
             if status(c) in ("survived", "no tests", "suspicious") and short_name(n) not in known]
 
 
-def survivors(res: dict) -> list[str]:
-    """`file:line  mutant  diff` for every survivor, read with mutmut's own diff of the generated functions."""
+def survivor_rows(res: dict) -> list[tuple[str, int, str, str, list[str], list[str]]]:
+    """(path, line, short name, status, original lines, mutated lines) for every survivor, read with mutmut's own
+    diff of the generated functions; the line is the first original line's in the function, else the function's."""
     from mutmut.mutation.diff_apply import get_diff_for_mutant
     from mutmut.utils.format_utils import orig_function_and_class_names_from_key
 
@@ -135,8 +137,40 @@ def survivors(res: dict) -> list[str]:
             lo, hi = _function_span(tree, fn.rpartition(".")[2], cls)
             line = next((i + 1 for i in range(lo - 1, min(hi, len(src))) if minus and src[i].strip() == minus[0].strip()),
                         lo)
-            out.append(f"{path}:{line}  {short_name(name)}  [{status(code)}]\n    - {' / '.join(m.strip() for m in minus)}\n"
-                       f"    + {' / '.join(p.strip() for p in plus)}")
+            out.append((path, line, short_name(name), status(code), minus, plus))
+    return out
+
+
+def survivors(res: dict) -> list[str]:
+    """`file:line  mutant  [status]  -original / +mutated` for every survivor."""
+    return [f"{path}:{line}  {name}  [{st}]\n    - {' / '.join(m.strip() for m in minus)}\n"
+            f"    + {' / '.join(p.strip() for p in plus)}" for path, line, name, st, minus, plus in survivor_rows(res)]
+
+
+def _row_lines(location: str) -> tuple[str, set[int]]:
+    """`mailbox.py:171–174` or `slicing.py:300, 302` -> ("mailbox.py", {171, ..., 174})."""
+    file, _, spec = location.partition(":")
+    lines: set[int] = set()
+    for a, b in re.findall(r"(\d+)(?:\s*[–-]\s*(\d+))?", spec):
+        lines.update(range(int(a), int(b or a) + 1))
+    return file.strip(), lines
+
+
+def stale_locations(found: list[tuple[str, int, str]], text: str) -> list[str]:
+    """Survivors (path, line, short name) whose classification rows in `text` all give another file or line: the
+    row was written for an older version of the module (mutmut renumbers a function's mutants when it changes, so a
+    stale row may describe another mutation). Reported by `--documented`, not failed on."""
+    where: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        cols = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
+        if len(cols) >= 5:
+            for n in re.findall(r"`([^`\s]+__mutmut_\d+)`", cols[1]):
+                where.setdefault(n, []).append(cols[0])
+    out = []
+    for path, line, name in found:
+        rows = [_row_lines(loc) for loc in where.get(name, [])]
+        if rows and not any(path.endswith(f) and line in ls for f, ls in rows):
+            out.append(f"{path}:{line}: {name} (row: {', '.join(where[name])})")
     return out
 
 
@@ -149,7 +183,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--survivors", action="store_true", help="list every surviving mutant with its diff")
     ap.add_argument("--min-score", type=float, default=None, help="fail if the primary modules score below this")
-    ap.add_argument("--documented", type=Path, default=None, help="fail if a survivor is not named in this file")
+    ap.add_argument("--documented", type=Path, default=None, help="fail if a survivor is not classified in this file")
     ap.add_argument("--out", type=Path, default=None, help="also write the table (and survivors) to this file")
     a = ap.parse_args(argv)
     res = results()
@@ -169,6 +203,11 @@ def main(argv=None) -> int:
             print(f"\n{len(missing)} survivor(s) not classified in {a.documented}:\n  " + "\n  ".join(missing),
                   file=sys.stderr)
             rc = 1
+        stale = stale_locations([r[:3] for r in survivor_rows(res)], a.documented.read_text())
+        if stale:
+            print(f"\nnote: {len(stale)} classification row(s) in {a.documented} give another line than the mutant's "
+                  f"(update the row after checking it still describes the mutation):\n  " + "\n  ".join(stale),
+                  file=sys.stderr)
     return rc
 
 

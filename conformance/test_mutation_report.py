@@ -2,7 +2,7 @@
 
 Guarantee: a surviving mutant passes `--documented` only if a classification table row names it with a verdict that
 lets it survive (equivalent, accepted, not exercised, caught by a crash, killed outside mutmut). A name met in prose,
-or in a row saying a test kills it, does not classify it.
+or in a row saying a test kills it, does not classify it. A row whose line no longer matches its mutant's is noted.
 Oracle: hand-written documents and result maps; the real docs/mutation.md for the negative control.
 Negative control: `_pid_alive__mutmut_5` survived the full runs of 2026-12-07 (a test that could not fail under
 `nohup`) and `make mutate` still exited 0, because docs/mutation.md named it, in prose, as killed; the check must
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.mutation_report import classified, undocumented
+from conformance.mutation_report import _row_lines, classified, stale_locations, undocumented
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -51,3 +51,17 @@ def test_negative_control_the_shm_mutant_that_survived_under_nohup_is_caught():
     assert "`_pid_alive__mutmut_5`" in doc.read_text()  # named in prose: the old check counted that as classified
     res = {"retire/shm.py": {"retire.shm.x__pid_alive__mutmut_5": SURVIVED}}
     assert undocumented(res, doc) == ["retire/shm.py: _pid_alive__mutmut_5"]
+
+
+def test_row_locations_read_single_lines_ranges_and_lists():
+    assert _row_lines("mailbox.py:171–174") == ("mailbox.py", {171, 172, 173, 174})
+    assert _row_lines("slicing.py:300, 302") == ("slicing.py", {300, 302})
+    assert _row_lines("x.py:5") == ("x.py", {5})
+
+
+def test_a_row_whose_line_drifted_from_its_mutant_is_noted():
+    found = [("retire/x.py", 1, "f__mutmut_1"), ("retire/x.py", 9, "f__mutmut_2"), ("retire/y.py", 1, "f__mutmut_5"),
+             ("retire/x.py", 7, "g__mutmut_1")]
+    # f_1 at its row's line; f_2 drifted (row x.py:1); f_5's row names x.py, not y.py; g_1 has no row at all
+    assert stale_locations(found, DOC) == ["retire/x.py:9: f__mutmut_2 (row: x.py:1)",
+                                           "retire/y.py:1: f__mutmut_5 (row: x.py:4)"]
