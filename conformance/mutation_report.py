@@ -135,8 +135,8 @@ def survivor_rows(res: dict) -> list[tuple[str, int, str, str, list[str], list[s
             plus = [d[1:] for d in diff if d.startswith("+") and not d.startswith("+++")]
             fn, cls = orig_function_and_class_names_from_key(name)
             lo, hi = _function_span(tree, fn.rpartition(".")[2], cls)
-            line = next((i + 1 for i in range(lo - 1, min(hi, len(src))) if minus and src[i].strip() == minus[0].strip()),
-                        lo)
+            first = minus[0].strip() if minus else None
+            line = next((i + 1 for i in range(lo - 1, min(hi, len(src))) if src[i].strip() == first), lo)
             out.append((path, line, short_name(name), status(code), minus, plus))
     return out
 
