@@ -99,16 +99,21 @@ def short_name(name: str) -> str:
 STANDING = ("equivalent", "accepted", "**not exercised", "not exercised", "caught by a crash", "killed outside mutmut")
 
 
-def classified(text: str) -> set[str]:
-    """Mutant names (`Class.method__mutmut_N`) that a classification table row of `text` lets survive: a line
-    `| location | mutant(s) | mutation | verdict | why |` whose verdict starts with one of STANDING. A name met only
-    in prose, or in a row whose verdict says a test kills it, is not classified."""
-    out = set()
+def _table_rows(text: str):
+    """(columns, mutant names) of every classification table row of `text`: `| location | mutant(s) | mutation |
+    verdict | why |`, the names being the backticked `…__mutmut_N` in the second column."""
     for line in text.splitlines():
-        cols = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
-        if len(cols) >= 5 and cols[3].startswith(STANDING):
-            out.update(re.findall(r"`([^`\s]+__mutmut_\d+)`", cols[1]))
-    return out
+        if line.startswith("|"):
+            cols = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cols) >= 5:
+                yield cols, re.findall(r"`([^`\s]+__mutmut_\d+)`", cols[1])
+
+
+def classified(text: str) -> set[str]:
+    """Mutant names (`Class.method__mutmut_N`) that a classification table row of `text` lets survive: its verdict
+    starts with one of STANDING. A name met only in prose, or in a row whose verdict says a test kills it, is not
+    classified."""
+    return {n for cols, names in _table_rows(text) if cols[3].startswith(STANDING) for n in names}
 
 
 def undocumented(res: dict, doc: Path) -> list[str]:
@@ -141,10 +146,10 @@ def survivor_rows(res: dict) -> list[tuple[str, int, str, str, list[str], list[s
     return out
 
 
-def survivors(res: dict) -> list[str]:
-    """`file:line  mutant  [status]  -original / +mutated` for every survivor."""
-    return [f"{path}:{line}  {name}  [{st}]\n    - {' / '.join(m.strip() for m in minus)}\n"
-            f"    + {' / '.join(p.strip() for p in plus)}" for path, line, name, st, minus, plus in survivor_rows(res)]
+def _format(row) -> str:
+    path, line, name, st, minus, plus = row
+    return (f"{path}:{line}  {name}  [{st}]\n    - {' / '.join(m.strip() for m in minus)}\n"
+            f"    + {' / '.join(p.strip() for p in plus)}")
 
 
 def _row_lines(location: str) -> tuple[str, set[int]]:
@@ -161,15 +166,13 @@ def stale_locations(found: list[tuple[str, int, str]], text: str) -> list[str]:
     row was written for an older version of the module (mutmut renumbers a function's mutants when it changes, so a
     stale row may describe another mutation). Reported by `--documented`, not failed on."""
     where: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        cols = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
-        if len(cols) >= 5:
-            for n in re.findall(r"`([^`\s]+__mutmut_\d+)`", cols[1]):
-                where.setdefault(n, []).append(cols[0])
+    for cols, names in _table_rows(text):
+        for n in names:
+            where.setdefault(n, []).append(cols[0])
     out = []
     for path, line, name in found:
         rows = [_row_lines(loc) for loc in where.get(name, [])]
-        if rows and not any(path.endswith(f) and line in ls for f, ls in rows):
+        if rows and not any((path == f or path.endswith("/" + f)) and line in ls for f, ls in rows):
             out.append(f"{path}:{line}: {name} (row: {', '.join(where[name])})")
     return out
 
@@ -188,8 +191,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     res = results()
     text, primary = table(res)
+    rows = survivor_rows(res) if a.survivors or a.documented is not None else []
     if a.survivors:
-        text += "\n\n" + "\n".join(survivors(res))
+        text += "\n\n" + "\n".join(_format(r) for r in rows)
     print(text)
     if a.out is not None:
         a.out.write_text(text + "\n")
@@ -203,7 +207,7 @@ def main(argv=None) -> int:
             print(f"\n{len(missing)} survivor(s) not classified in {a.documented}:\n  " + "\n  ".join(missing),
                   file=sys.stderr)
             rc = 1
-        stale = stale_locations([r[:3] for r in survivor_rows(res)], a.documented.read_text())
+        stale = stale_locations([r[:3] for r in rows], a.documented.read_text())
         if stale:
             print(f"\nnote: {len(stale)} classification row(s) in {a.documented} give another line than the mutant's "
                   f"(update the row after checking it still describes the mutation):\n  " + "\n  ".join(stale),

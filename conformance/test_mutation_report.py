@@ -61,7 +61,9 @@ def test_row_locations_read_single_lines_ranges_and_lists():
 
 def test_a_row_whose_line_drifted_from_its_mutant_is_noted():
     found = [("retire/x.py", 1, "f__mutmut_1"), ("retire/x.py", 9, "f__mutmut_2"), ("retire/y.py", 1, "f__mutmut_5"),
-             ("retire/x.py", 7, "g__mutmut_1")]
-    # f_1 at its row's line; f_2 drifted (row x.py:1); f_5's row names x.py, not y.py; g_1 has no row at all
+             ("retire/x.py", 7, "g__mutmut_1"), ("retire/ax.py", 4, "f__mutmut_5")]
+    # f_1 at its row's line; f_2 drifted (row x.py:1); f_5's row names x.py, neither y.py nor ax.py (a file name is
+    # matched whole); g_1 has no row at all
     assert stale_locations(found, DOC) == ["retire/x.py:9: f__mutmut_2 (row: x.py:1)",
-                                           "retire/y.py:1: f__mutmut_5 (row: x.py:4)"]
+                                           "retire/y.py:1: f__mutmut_5 (row: x.py:4)",
+                                           "retire/ax.py:4: f__mutmut_5 (row: x.py:4)"]
