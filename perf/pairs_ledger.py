@@ -20,6 +20,9 @@ Invariants:
   digest, recomputed, must equal the line's `code`, so an entry cannot attach a line to code it did not measure.
 - Machine classes differ by several times in bf16 speed (emulated without AVX512-BF16/AMX), so a fixed per-step cost
   is a different fraction of a request on each: their pairs never pool.
+- A machine class can span microarchitectures (the EPYC class held Zen 4 and Zen 5 hosts on the same day), so each
+  line also records `cpu` (vendor, family, model, stepping, L2 per core). It does not split the pool; `status` shows
+  the pooled lines broken down by it (`by_cpu`), lines written before it existed under "unrecorded".
 - A line that is not a well-formed record is an error naming its line number, never skipped silently.
 """
 from __future__ import annotations
@@ -68,6 +71,26 @@ def host_class() -> str:
     return f"{name} | {'+'.join(isa) or 'no-avx512'} | {os.cpu_count()} cpu"
 
 
+def cpu_id(cpuinfo: str = "/proc/cpuinfo", l2: str = "/sys/devices/system/cpu/cpu0/cache/index2/size") -> str:
+    """The CPU under the machine class: vendor, family, model and stepping of the first CPU, and its L2 size (sysfs),
+    e.g. "AuthenticAMD family 25 model 17 stepping 1 | L2 1024K"; a field it cannot read is "?"."""
+    fields = {}
+    try:
+        for ln in Path(cpuinfo).read_text().splitlines():
+            if not ln.strip():
+                break  # the first CPU's block only
+            key, _, val = ln.partition(":")
+            fields[key.strip()] = val.strip()
+    except OSError:
+        pass
+    try:
+        size = Path(l2).read_text().strip()
+    except OSError:
+        size = "?"
+    get = lambda k: fields.get(k) or "?"
+    return f"{get('vendor_id')} family {get('cpu family')} model {get('model')} stepping {get('stepping')} | L2 {size}"
+
+
 def served_digest(root: Path | None = None) -> str:
     """The digest of the measured `retire` modules (perf/served_code.py) under the repository `root`."""
     from perf import served_code
@@ -97,16 +120,13 @@ def append(path: str | os.PathLike, record: dict) -> None:
         os.fsync(f.fileno())
 
 
-def load(path: str | os.PathLike, *, code: str, workload: str, harness: str = "",
-         host: str | None = None, mapping: dict[str, str] | None = None) -> tuple[list[list[float]], int]:
-    """(ratio groups of the lines of this served digest `code`, workload, harness and machine class, number of lines
-    of other code, another harness or another machine: a line without `harness` was measured without the quiescence
-    barrier, perf/quiesce.py; a line without `host` predates the machine class and pools only when `host` is None; a
-    line without `served` pools through `mapping`, by default the committed CODE_MAP)."""
+def _records(path: str | os.PathLike, *, code: str, workload: str, harness: str, host: str | None,
+             mapping: dict[str, str] | None) -> tuple[list[dict], int]:
+    """(the records `load` pools, in file order; the number of lines of this workload it does not pool)."""
     mapping = code_map() if mapping is None else mapping
-    groups, other = [], 0
+    recs, other = [], 0
     if not Path(path).exists():
-        return groups, other
+        return recs, other
     for n, line in enumerate(Path(path).read_text().splitlines(), 1):
         if not line.strip():
             continue
@@ -122,8 +142,33 @@ def load(path: str | os.PathLike, *, code: str, workload: str, harness: str = ""
         if _served_of(rec, mapping) != code or rec.get("harness", "") != harness or rec.get("host") != host:
             other += 1
             continue
-        groups.append([float(x) for x in rec["ratios"]])
-    return groups, other
+        recs.append(rec)
+    return recs, other
+
+
+def load(path: str | os.PathLike, *, code: str, workload: str, harness: str = "",
+         host: str | None = None, mapping: dict[str, str] | None = None) -> tuple[list[list[float]], int]:
+    """(ratio groups of the lines of this served digest `code`, workload, harness and machine class, number of lines
+    of other code, another harness or another machine: a line without `harness` was measured without the quiescence
+    barrier, perf/quiesce.py; a line without `host` predates the machine class and pools only when `host` is None; a
+    line without `served` pools through `mapping`, by default the committed CODE_MAP)."""
+    recs, other = _records(path, code=code, workload=workload, harness=harness, host=host, mapping=mapping)
+    return [[float(x) for x in rec["ratios"]] for rec in recs], other
+
+
+def by_cpu(path: str | os.PathLike, *, code: str, workload: str, harness: str = "", host: str | None = None,
+           mapping: dict[str, str] | None = None) -> dict[str, dict]:
+    """The pooled lines broken down by their recorded `cpu` ("unrecorded" for lines without one): per CPU, the
+    instances, the median ratio and its nested 95% interval. A diagnostic beside the pool, never a filter on it."""
+    recs, _ = _records(path, code=code, workload=workload, harness=harness, host=host, mapping=mapping)
+    split: dict[str, list[list[float]]] = {}
+    for rec in recs:
+        split.setdefault(rec.get("cpu") or "unrecorded", []).append([float(x) for x in rec["ratios"]])
+    out = {}
+    for cpu, groups in split.items():
+        full = interval(groups)
+        out[cpu] = {k: full[k] for k in ("instances", "pairs", "median_ratio", "nested_ci95", "width")}
+    return out
 
 
 def interval(groups: list[list[float]], *, other_code: int = 0) -> dict:
@@ -196,10 +241,11 @@ def map_commits(revs: list[str], path: str | os.PathLike = CODE_MAP, repo: Path 
 def status(path: str | os.PathLike, workload: str, harness: str) -> dict:
     """Where the series of THIS checkout and machine stands: the pooled interval of `workload` (for the retire/stock
     pairs, "1K-c1"; for the A/A control, "1K-c1/stock-stock") under the current served digest, `harness` and host
-    class, without starting an engine."""
+    class, without starting an engine, with the pooled lines broken down by recorded CPU (`by_cpu`)."""
     code, host = served_digest(), host_class()
     return {"served": code, "host": host, "harness": harness, "workload": workload,
-            **pooled(path, code=code, workload=workload, harness=harness, host=host)}
+            **pooled(path, code=code, workload=workload, harness=harness, host=host),
+            "by_cpu": by_cpu(path, code=code, workload=workload, harness=harness, host=host)}
 
 
 USAGE = """usage: python -m perf.pairs_ledger map REV [REV ...]    add code-map entries computed from those commits

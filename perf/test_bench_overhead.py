@@ -463,6 +463,7 @@ def _across_instances(benchmark, pool, workload: str, inst: _Instances, instance
     # the code measured, read once before the first pair: the served digest pools, the full one is recorded with it
     code, full = (pairs_ledger.served_digest(), pairs_ledger.code_digest()) if LEDGER else ("", "")
     host = pairs_ledger.host_class() if LEDGER else None  # and the machine class: pairs pool only within one
+    cpu = pairs_ledger.cpu_id() if LEDGER else None  # the CPU under the class: recorded, not pooled on
     total = lambda t: t.total
 
     def groups(metric=total) -> list[list[float]]:
@@ -504,7 +505,7 @@ def _across_instances(benchmark, pool, workload: str, inst: _Instances, instance
         if LEDGER and i % PAIRS_PER_INSTANCE == PAIRS_PER_INSTANCE - 1 and (mine := groups()[live["k"]]):
             same_code()  # an edit while this pair ran: its line is not appended
             ttft = groups(lambda t: t.first)[live["k"]] if len(lens) == 1 else None  # prefill, apart from decode
-            _ledger_append((code, full), host, inst.ledger, f"{session}-{live['k']}", mine, ttft=ttft,
+            _ledger_append((code, full), (host, cpu), inst.ledger, f"{session}-{live['k']}", mine, ttft=ttft,
                            start_order="reference-first" if live["k"] % 2 else "subject-first")
 
     try:
@@ -541,16 +542,17 @@ def _instances_info(benchmark, paired: Paired, per_instance: list, inst: _Instan
                                                               else ""))
 
 
-def _ledger_append(digests: tuple[str, str], host: str | None, workload: str, instance: str, ratios: list[float], *,
-                   ttft: list[float] | None, start_order: str) -> None:
+def _ledger_append(digests: tuple[str, str], machine: tuple[str | None, str | None], workload: str, instance: str,
+                   ratios: list[float], *, ttft: list[float] | None, start_order: str) -> None:
     """One finished instance pair into the resumable ledger (perf/pairs_ledger.py), then the pooled interval. The
     ratios are of the whole request (submit -> last token); `ttft_ratios`, of the time to first token. `digests` =
-    (served, full)."""
+    (served, full); `machine` = (host class, cpu id)."""
     code, full = digests
+    host, cpu = machine
     rec = {"served": code, "code": full, "workload": workload, "instance": instance,
            "ratios": [round(r, 6) for r in ratios],
-           "model": "long", "decode_tokens": 128, "harness": LEDGER_HARNESS, "host": host, "start_order": start_order,
-           "pairs_per_instance": PAIRS_PER_INSTANCE}
+           "model": "long", "decode_tokens": 128, "harness": LEDGER_HARNESS, "host": host, "cpu": cpu,
+           "start_order": start_order, "pairs_per_instance": PAIRS_PER_INSTANCE}
     if ttft:
         rec["ttft_ratios"] = [round(r, 6) for r in ttft]
     pairs_ledger.append(LEDGER, rec)

@@ -103,6 +103,29 @@ def test_the_machine_class_names_the_cpu_and_its_bf16_features():
     assert ("avx512_bf16" in a) == torch.cpu._is_avx512_bf16_supported()
 
 
+def test_the_cpu_id_names_the_first_cpu_and_its_l2(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+                    "stepping\t: 1\n\nprocessor\t: 1\nvendor_id\t: Other\ncpu family\t: 6\n")
+    (tmp_path / "l2").write_text("1024K\n")
+    assert pl.cpu_id(str(info), str(tmp_path / "l2")) == "AuthenticAMD family 25 model 17 stepping 1 | L2 1024K"
+    # what it cannot read is "?", never an exception (a ledger line must still be written)
+    assert pl.cpu_id(str(tmp_path / "none"), str(tmp_path / "none")) == "? family ? model ? stepping ? | L2 ?"
+
+
+def test_by_cpu_breaks_the_pool_down_without_filtering_it(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    pl.append(path, dict(_rec("aaaa", [1.0, 1.02]), cpu="zen4"))
+    pl.append(path, dict(_rec("aaaa", [1.04, 1.06], instance="s-1"), cpu="zen5"))
+    pl.append(path, dict(_rec("aaaa", [1.08], instance="s-2"), cpu="zen5"))
+    pl.append(path, _rec("aaaa", [0.9], instance="s-3"))  # written before `cpu` was recorded
+    pl.append(path, dict(_rec("bbbb", [1.5], instance="s-4"), cpu="zen4"))  # other code: in neither
+    split = pl.by_cpu(path, code="aaaa", workload="1K-c1")
+    assert {k: (v["instances"], v["pairs"], v["median_ratio"]) for k, v in split.items()} == \
+        {"zen4": (1, 2, 1.01), "zen5": (2, 3, 1.06), "unrecorded": (1, 1, 0.9)}
+    assert pl.load(path, code="aaaa", workload="1K-c1")[0] == [[1.0, 1.02], [1.04, 1.06], [1.08], [0.9]]
+
+
 def test_a_line_without_a_served_digest_pools_through_the_code_map_only(tmp_path):
     path = tmp_path / "pairs.jsonl"
     pl.append(path, {"code": "old-full", "workload": "1K-c1", "instance": "old-0", "ratios": [1.1]})
@@ -182,6 +205,7 @@ def test_status_pools_this_checkout_and_machine_without_an_engine(tmp_path):
     out = pl.status(path, "1K-c1", "h")
     assert (out["served"], out["host"], out["instances"], out["pairs"], out["other_code_lines"]) == \
         (code, here, 2, 4, 1)
+    assert {k: v["instances"] for k, v in out["by_cpu"].items()} == {"unrecorded": 2}
 
 
 def test_the_geometric_mean_interval_is_reported_next_to_the_median_and_is_narrower_on_a_symmetric_spread():
