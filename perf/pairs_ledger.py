@@ -59,21 +59,15 @@ def host_class() -> str:
 
     import torch
 
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), name)
-    except OSError:
-        pass
+    name = _first_cpu().get("model name", platform.processor() or platform.machine())
     isa = [n for n, have in (("amx", torch.cpu._is_amx_tile_supported()),
                              ("avx512_bf16", torch.cpu._is_avx512_bf16_supported()),
                              ("avx512", torch.cpu._is_avx512_supported())) if have]
     return f"{name} | {'+'.join(isa) or 'no-avx512'} | {os.cpu_count()} cpu"
 
 
-def cpu_id(cpuinfo: str = "/proc/cpuinfo", l2: str = "/sys/devices/system/cpu/cpu0/cache/index2/size") -> str:
-    """The CPU under the machine class: vendor, family, model and stepping of the first CPU, and its L2 size (sysfs),
-    e.g. "AuthenticAMD family 25 model 17 stepping 1 | L2 1024K"; a field it cannot read is "?"."""
+def _first_cpu(cpuinfo: str = "/proc/cpuinfo") -> dict[str, str]:
+    """The first CPU's block of `cpuinfo` as {field: value}; {} when it cannot be read."""
     fields = {}
     try:
         for ln in Path(cpuinfo).read_text().splitlines():
@@ -83,6 +77,13 @@ def cpu_id(cpuinfo: str = "/proc/cpuinfo", l2: str = "/sys/devices/system/cpu/cp
             fields[key.strip()] = val.strip()
     except OSError:
         pass
+    return fields
+
+
+def cpu_id(cpuinfo: str = "/proc/cpuinfo", l2: str = "/sys/devices/system/cpu/cpu0/cache/index2/size") -> str:
+    """The CPU under the machine class: vendor, family, model and stepping of the first CPU, and its L2 size (sysfs),
+    e.g. "AuthenticAMD family 25 model 17 stepping 1 | L2 1024K"; a field it cannot read is "?"."""
+    fields = _first_cpu(cpuinfo)
     try:
         size = Path(l2).read_text().strip()
     except OSError:
@@ -156,13 +157,12 @@ def load(path: str | os.PathLike, *, code: str, workload: str, harness: str = ""
     return [[float(x) for x in rec["ratios"]] for rec in recs], other
 
 
-def by_cpu(path: str | os.PathLike, *, code: str, workload: str, harness: str = "", host: str | None = None,
-           mapping: dict[str, str] | None = None) -> dict[str, dict]:
-    """The pooled lines broken down by their recorded `cpu` ("unrecorded" for lines without one): per CPU, the
-    instances, the median ratio and its nested 95% interval. A diagnostic beside the pool, never a filter on it."""
-    recs, _ = _records(path, code=code, workload=workload, harness=harness, host=host, mapping=mapping)
+def by_cpu(records: list[dict]) -> dict[str, dict]:
+    """Pooled ledger records (`_records`) broken down by their recorded `cpu` ("unrecorded" for lines without one):
+    per CPU, the instances, the median ratio and its nested 95% interval. A diagnostic beside the pool, never a
+    filter on it."""
     split: dict[str, list[list[float]]] = {}
-    for rec in recs:
+    for rec in records:
         split.setdefault(rec.get("cpu") or "unrecorded", []).append([float(x) for x in rec["ratios"]])
     out = {}
     for cpu, groups in split.items():
@@ -243,9 +243,9 @@ def status(path: str | os.PathLike, workload: str, harness: str) -> dict:
     pairs, "1K-c1"; for the A/A control, "1K-c1/stock-stock") under the current served digest, `harness` and host
     class, without starting an engine, with the pooled lines broken down by recorded CPU (`by_cpu`)."""
     code, host = served_digest(), host_class()
+    recs, other = _records(path, code=code, workload=workload, harness=harness, host=host, mapping=None)
     return {"served": code, "host": host, "harness": harness, "workload": workload,
-            **pooled(path, code=code, workload=workload, harness=harness, host=host),
-            "by_cpu": by_cpu(path, code=code, workload=workload, harness=harness, host=host)}
+            **interval([[float(x) for x in r["ratios"]] for r in recs], other_code=other), "by_cpu": by_cpu(recs)}
 
 
 USAGE = """usage: python -m perf.pairs_ledger map REV [REV ...]    add code-map entries computed from those commits

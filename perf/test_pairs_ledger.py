@@ -120,7 +120,7 @@ def test_by_cpu_breaks_the_pool_down_without_filtering_it(tmp_path):
     pl.append(path, dict(_rec("aaaa", [1.08], instance="s-2"), cpu="zen5"))
     pl.append(path, _rec("aaaa", [0.9], instance="s-3"))  # written before `cpu` was recorded
     pl.append(path, dict(_rec("bbbb", [1.5], instance="s-4"), cpu="zen4"))  # other code: in neither
-    split = pl.by_cpu(path, code="aaaa", workload="1K-c1")
+    split = pl.by_cpu(pl._records(path, code="aaaa", workload="1K-c1", harness="", host=None, mapping=None)[0])
     assert {k: (v["instances"], v["pairs"], v["median_ratio"]) for k, v in split.items()} == \
         {"zen4": (1, 2, 1.01), "zen5": (2, 3, 1.06), "unrecorded": (1, 1, 0.9)}
     assert pl.load(path, code="aaaa", workload="1K-c1")[0] == [[1.0, 1.02], [1.04, 1.06], [1.08], [0.9]]
